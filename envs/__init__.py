@@ -1,0 +1,1 @@
+"""The two benchmarks, each an embedded replica plus an adapter to the original environment."""

@@ -1,0 +1,37 @@
+"""Test-wide settings: nothing reaches a hub, wandb stays offline, tiny models are cached once per test session."""
+
+import os
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# Set before any test imports transformers or wandb.
+os.environ.setdefault("RSPO_CACHE", str(ROOT / ".rspo_cache"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> pathlib.Path:
+    return ROOT
+
+
+@pytest.fixture(scope="session")
+def script_env(tmp_path_factory) -> dict:
+    """Environment for running a script in a subprocess: offline, the shared tiny-model cache, 1 thread."""
+    env = dict(os.environ)
+    env.update(
+        RSPO_CACHE=os.environ["RSPO_CACHE"],
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        WANDB_MODE="offline",
+        WANDB_DIR=str(tmp_path_factory.mktemp("wandb")),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(ROOT),
+    )
+    return env
