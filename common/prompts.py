@@ -1,0 +1,193 @@
+"""Per-turn prompts, their tokenisation under a length budget, and parsing of the model's action.
+
+A turn's prompt shows the task, the last `history_len` (observation, action) pairs, the current observation and
+the admissible actions. Two forms:
+
+- long (instruct LLMs): a plain-language instruction asking for reasoning inside `<think></think>` and exactly
+  one action inside `<action></action>`;
+- short (`tiny` model, ~1-2k token vocabulary, 512-1024 token context): one line per field, the response is
+  just `<action>...</action>`.
+
+Both are deterministic: the same inputs give the same string.
+"""
+
+from __future__ import annotations
+
+ACTION_OPEN = "<action>"
+ACTION_CLOSE = "</action>"
+# Marks an observation whose beginning was cut to fit the prompt budget.
+TRUNCATION_MARK = "..."
+
+
+def _one_line(text: str) -> str:
+    """Collapse all whitespace runs (newlines included) to single spaces: the short form is one line per field."""
+    return " ".join(text.split())
+
+
+def _recent(history: list[tuple[str, str]], history_len: int) -> list[tuple[str, str]]:
+    # history[-0:] would be the whole list, hence the explicit check.
+    if history_len <= 0:
+        return []
+    return list(history[-history_len:])
+
+
+def build_prompt(
+    task: str,
+    obs: str,
+    history: list[tuple[str, str]],
+    admissible: list[str],
+    *,
+    history_len: int = 2,
+    short: bool = False,
+) -> str:
+    """The prompt text of one turn.
+
+    history: [(observation, action), ...] of the previous turns, oldest first; only the last `history_len`
+    are shown (oldest first). admissible: the actions valid now, in the environment's order.
+    short=True: the compact form for the `tiny` model (no `<think>` instruction), e.g.
+    `task: ...\\nprev: <obs> > <action> | ...\\nobs: ...\\nactions: a | b | c\\n`.
+    """
+    recent = _recent(history, history_len)
+    if short:
+        lines = [f"task: {_one_line(task)}"]
+        if recent:
+            lines.append("prev: " + " | ".join(f"{_one_line(o)} > {_one_line(a)}" for o, a in recent))
+        lines.append(f"obs: {_one_line(obs)}")
+        lines.append("actions: " + " | ".join(_one_line(a) for a in admissible))
+        return "\n".join(lines) + "\n"
+
+    parts = [
+        "You are an agent acting in a text-based environment. Complete the task by choosing one action per turn.",
+        f"Your task: {task.strip()}",
+    ]
+    if recent:
+        turns = []
+        for k, (o, a) in enumerate(recent):
+            age = len(recent) - k
+            turns.append(f"[{age} turn{'s' if age > 1 else ''} ago]\nObservation: {o.strip()}\nAction: {a.strip()}")
+        parts.append(
+            f"Your last {len(recent)} turn{'s' if len(recent) > 1 else ''} (oldest first):\n" + "\n".join(turns)
+        )
+    parts.append(f"Current observation:\n{obs.strip()}")
+    if admissible:
+        parts.append("Admissible actions:\n" + "\n".join(f"- {a}" for a in admissible))
+    else:
+        parts.append("Admissible actions: (none listed)")
+    parts.append(
+        "Think step by step inside <think></think>, then give exactly one action from the admissible actions "
+        "inside <action></action>."
+    )
+    return "\n\n".join(parts) + "\n"
+
+
+def _tokenize(tokenizer, prompt: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        # Render to text first and tokenise without special tokens: the template already holds them, and this
+        # avoids depending on apply_chat_template's return type across transformers versions.
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=False).input_ids)
+    return list(tokenizer(prompt).input_ids)
+
+
+def encode_prompt(
+    tokenizer,
+    task: str,
+    obs: str,
+    history: list[tuple[str, str]],
+    admissible: list[str],
+    *,
+    history_len: int = 2,
+    short: bool = False,
+    max_prompt_tokens: int | None = None,
+) -> list[int]:
+    """Token ids of the turn's prompt, at most `max_prompt_tokens` long (None: no limit).
+
+    With `tokenizer.chat_template` set the prompt is one user message with the generation prompt appended;
+    otherwise it is `tokenizer(prompt).input_ids`. Over budget, in this order until it fits:
+    1. drop the oldest history turns (down to none);
+    2. cut the current observation from the left (its newest text is kept, prefixed with "...");
+    3. drop admissible actions from the end of the list.
+    The task and the instruction are never cut: if they alone exceed the budget a ValueError says so.
+    """
+    if max_prompt_tokens is not None and max_prompt_tokens <= 0:
+        raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
+
+    def encode(h: int, o: str, adm: list[str]) -> list[int]:
+        return _tokenize(tokenizer, build_prompt(task, o, history, adm, history_len=h, short=short))
+
+    h = min(max(history_len, 0), len(history))
+    ids = encode(h, obs, admissible)
+    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+        return ids
+
+    # 1. Oldest history turns first.
+    while h > 0:
+        h -= 1
+        ids = encode(h, obs, admissible)
+        if len(ids) <= max_prompt_tokens:
+            return ids
+
+    # 2. Keep the longest suffix of the observation that fits (binary search on its length in characters;
+    # token counts are monotone in the suffix length up to tokenizer merges, so the result is re-checked).
+    def cut(k: int) -> str:
+        return TRUNCATION_MARK + obs[len(obs) - k :] if k > 0 else TRUNCATION_MARK
+
+    if len(encode(0, cut(0), admissible)) <= max_prompt_tokens:
+        lo, hi = 0, len(obs) - 1  # lo always fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if len(encode(0, cut(mid), admissible)) <= max_prompt_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return encode(0, cut(lo), admissible)
+
+    # 3. Nothing of the observation fits: shorten the admissible list, keeping its first entries.
+    lo, hi = 0, len(admissible) - 1  # number of actions kept
+    if len(encode(0, cut(0), [])) > max_prompt_tokens:
+        n = len(encode(0, cut(0), []))
+        raise ValueError(
+            f"max_prompt_tokens={max_prompt_tokens} is too small: the instruction and task alone take {n} tokens"
+        )
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(encode(0, cut(0), admissible[:mid])) <= max_prompt_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return encode(0, cut(0), admissible[:lo])
+
+
+def parse_action(text: str) -> tuple[str, bool]:
+    """(action, valid): the stripped text inside the LAST complete `<action>...</action>` of `text`.
+
+    The tags are matched exactly (lower case). "Last complete" pair: the last `<action>` that is followed by
+    a `</action>`, up to the first `</action>` after it; so nested or repeated tags resolve to the innermost
+    text, and a trailing unfinished `<action>...` is ignored. No complete pair, or only whitespace inside:
+    ("", False). Never raises on a str.
+    """
+    end = text.rfind(ACTION_CLOSE)
+    if end < 0:
+        return "", False
+    start = text.rfind(ACTION_OPEN, 0, end)
+    if start < 0:
+        return "", False
+    # The first closing tag after that opening one: "<action>x</action></action>" gives "x".
+    end = text.find(ACTION_CLOSE, start)
+    action = text[start + len(ACTION_OPEN) : end].strip()
+    if not action:
+        return "", False
+    return action, True
+
+
+def format_response(action: str, short: bool) -> str:
+    """The expert's response text for behaviour cloning on `action`.
+
+    short: `<action>{action}</action>` (the `tiny` model's whole response format). long: a one-sentence
+    `<think>` naming the step, then the action, so that the target follows the long prompt's instruction.
+    """
+    if short:
+        return f"{ACTION_OPEN}{action}{ACTION_CLOSE}"
+    return f"<think>The next step towards the task is: {action}.</think>\n{ACTION_OPEN}{action}{ACTION_CLOSE}"
