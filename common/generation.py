@@ -1,0 +1,302 @@
+"""Generation backends for rollouts: batched Hugging Face `generate` (CPU or GPU) and vLLM (GPU).
+
+Both return, for every prompt, the response text, its token ids and the per-token log-probabilities under the
+sampling distribution softmax(logits / temperature) of the model that generated it. The response stops at the
+first `</action>` (the end of a turn in this project's response format) or at the tokenizer's EOS token.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
+
+STOP_STRING = "</action>"
+
+
+@dataclass
+class Generation:
+    """One generated response.
+
+    text: decoded response, up to and including the first `</action>` (or up to the EOS token, which is not part
+        of the text). token_ids: the response's token ids (EOS included when it ended the response, no padding).
+    logprobs: log pi(token) under softmax(logits / temperature) of the generating model, one per token id.
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+def _eos_ids(tokenizer) -> list[int]:
+    ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+class _StopOnString(StoppingCriteria):
+    """Per-sequence stop when the generated tail contains `stop` or the last token is EOS.
+
+    Records, for every row, the response length at which it first stopped (`stop_len`), so that the padding that
+    `generate` appends to finished rows never needs to be told apart from real tokens.
+    """
+
+    def __init__(self, tokenizer, prompt_len: int, stop: str, eos_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.prompt_len = prompt_len
+        self.stop = stop
+        self.eos_ids = torch.tensor(eos_ids, dtype=torch.long) if eos_ids else None
+        # Every token decodes to at least one byte, so the stop string lies within its byte-length in tokens.
+        self.window = len(stop.encode("utf-8")) + 1
+        self.stop_len: dict[int, int] = {}
+
+    def __call__(self, input_ids: torch.LongTensor, scores=None, **kwargs) -> torch.BoolTensor:
+        n_new = input_ids.shape[1] - self.prompt_len
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        if n_new <= 0:
+            return done
+        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window) :].tolist()
+        last = input_ids[:, -1].cpu()
+        for row, tail in enumerate(tails):
+            if row in self.stop_len:
+                done[row] = True
+                continue
+            hit_eos = self.eos_ids is not None and bool((last[row] == self.eos_ids).any())
+            if hit_eos or self.stop in self.tokenizer.decode(tail, skip_special_tokens=False):
+                self.stop_len[row] = n_new
+                done[row] = True
+        return done
+
+
+class HFGenerator:
+    """Batched generation with `model.generate`: left padding, KV cache, sampling or greedy decoding.
+
+    Prompts are token-id lists (already templated). `batch_size` bounds how many prompts run through one
+    `generate` call (None: all at once); memory grows with batch x new tokens x vocabulary (the kept logits).
+    """
+
+    def __init__(self, tokenizer, *, max_new_tokens: int, stop: str = STOP_STRING, batch_size: int | None = None):
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer needs a pad token (load it with common.models.load_model)")
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.stop = stop
+        self.batch_size = batch_size
+        self.eos_ids = _eos_ids(tokenizer)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        model: PreTrainedModel,
+        prompts: list[list[int]],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+    ) -> list[Generation]:
+        """Generate one response per prompt.
+
+        Sampling draws from softmax(logits / temperature) restricted to the top-p nucleus (no top-k, no
+        repetition penalty, whatever the model's own generation_config says). `greedy=True` (or temperature <= 0)
+        takes the argmax. The reported log-probs are always log softmax(logits / T) of the chosen token, with
+        T = temperature (T = 1 when temperature <= 0), i.e. what a teacher-forced forward pass at the same
+        temperature gives; with top_p < 1 they are not renormalised over the nucleus.
+        """
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        step = self.batch_size or len(prompts)
+        out: list[Generation] = []
+        was_training = model.training
+        model.eval()
+        try:
+            for start in range(0, len(prompts), step):
+                out.extend(self._generate_batch(model, prompts[start : start + step], temperature, top_p, greedy))
+        finally:
+            model.train(was_training)
+        return out
+
+    def _generate_batch(self, model, prompts, temperature, top_p, greedy) -> list[Generation]:
+        device = next(model.parameters()).device
+        pad = self.tokenizer.pad_token_id
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            input_ids[row, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+            attention_mask[row, width - len(p) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+
+        greedy = greedy or temperature <= 0
+        temp = temperature if temperature > 0 else 1.0
+        # A fresh config, so that no checkpoint default (top_k=50, repetition_penalty, ...) changes the
+        # distribution that the log-probs below describe.
+        config = GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            do_sample=not greedy,
+            temperature=None if greedy else temp,
+            top_p=None if greedy else top_p,
+            top_k=None if greedy else 0,
+            pad_token_id=pad,
+            eos_token_id=self.eos_ids or None,
+            bos_token_id=self.tokenizer.bos_token_id,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        stopper = _StopOnString(self.tokenizer, width, self.stop, self.eos_ids)
+        saved_config = model.generation_config
+        model.generation_config = GenerationConfig()
+        try:
+            result = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList([stopper]),
+            )
+        finally:
+            model.generation_config = saved_config
+
+        new_tokens = result.sequences[:, width:]  # [B, n]
+        # logits: n tensors of [B, V], raw (before temperature / top-p)
+        chosen_logprobs = torch.stack(
+            [
+                F.log_softmax(step_logits.float() / temp, dim=-1).gather(1, new_tokens[:, i : i + 1]).squeeze(1)
+                for i, step_logits in enumerate(result.logits)
+            ],
+            dim=1,
+        ).cpu()  # [B, n]
+        new_tokens = new_tokens.cpu()
+        gens = []
+        for row in range(len(prompts)):
+            n = stopper.stop_len.get(row, new_tokens.shape[1])
+            ids = new_tokens[row, :n].tolist()
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = text.find(self.stop)
+            if cut >= 0:
+                text = text[: cut + len(self.stop)]
+            gens.append(Generation(text=text, token_ids=ids, logprobs=chosen_logprobs[row, :n].tolist()))
+        return gens
+
+
+class VLLMGenerator:
+    """Generation with vLLM's offline `LLM` engine on a GPU, sharing the device with training.
+
+    The engine is created once from `model_path` (a folder written by save_pretrained, or a hub id in the local
+    cache). `generate(model, ...)` first copies `model`'s weights into the engine when they changed since the
+    last push (the policy and the explorer alternate; a parameter's in-place update bumps its version counter,
+    so a changed model is detected without comparing tensors). Log-probs are vLLM's processed log-probs:
+    log softmax(logits / T) of the chosen token (top-p renormalised when top_p < 1).
+    `gpu_memory_utilization` is the share of GPU memory the engine (weights + KV cache) may take;
+    `sleep_between_calls` frees the engine's KV cache between rollouts (vLLM sleep mode) for the training step.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        max_new_tokens: int,
+        model_path: str,
+        stop: str = STOP_STRING,
+        gpu_memory_utilization: float = 0.3,
+        sleep_between_calls: bool = False,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        dtype: str = "auto",
+    ):
+        # In-process engine core, so that weights can be pushed as tensors without serialising them.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        try:
+            import vllm
+        except ImportError as e:
+            raise ImportError(
+                "--rollout-backend vllm needs vLLM on a CUDA machine: pip install -r requirements-gpu.txt "
+                "(or use --rollout-backend hf)"
+            ) from e
+        self.vllm = vllm
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.stop = stop
+        self.sleep_between_calls = sleep_between_calls
+        self.llm = vllm.LLM(
+            model=model_path,
+            tokenizer=model_path,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep_mode=sleep_between_calls,
+            max_model_len=max_model_len,
+            seed=seed,
+            dtype=dtype,
+            logprobs_mode="processed_logprobs",
+        )
+        self._pushed: tuple | None = None
+        if sleep_between_calls:
+            self.llm.sleep(level=1)
+
+    @staticmethod
+    def _fingerprint(model: torch.nn.Module) -> tuple:
+        return (id(model), sum(p._version for p in model.parameters()))
+
+    def push_weights(self, model: torch.nn.Module) -> None:
+        """Copy `model`'s parameters into the engine (by name, through the vLLM model's load_weights)."""
+        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+
+        def load(vllm_model):
+            vllm_model.load_weights(weights=weights)
+
+        self.llm.apply_model(load)
+        self.llm.reset_prefix_cache()
+        self._pushed = self._fingerprint(model)
+
+    def generate(
+        self,
+        model: PreTrainedModel,
+        prompts: list[list[int]],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        greedy: bool = False,
+    ) -> list[Generation]:
+        """Same contract as HFGenerator.generate."""
+        if not prompts:
+            return []
+        if self.sleep_between_calls:
+            self.llm.wake_up()
+        if self._fingerprint(model) != self._pushed:
+            self.push_weights(model)
+        greedy = greedy or temperature <= 0
+        params = self.vllm.SamplingParams(
+            n=1,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=self.max_new_tokens,
+            stop=[self.stop],
+            include_stop_str_in_output=True,
+            logprobs=0,
+            skip_special_tokens=True,
+        )
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        if self.sleep_between_calls:
+            self.llm.sleep(level=1)
+        gens = []
+        for out in outputs:
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            lps = [step[tok].logprob for step, tok in zip(comp.logprobs, ids)]
+            gens.append(Generation(text=comp.text, token_ids=ids, logprobs=lps))
+        return gens
+
+
+def make_generator(backend: str, tokenizer, *, max_new_tokens: int, model_path: str | None = None, **kw):
+    """backend "hf" -> HFGenerator, "vllm" -> VLLMGenerator (needs `model_path`: a save_pretrained folder)."""
+    if backend == "hf":
+        return HFGenerator(tokenizer, max_new_tokens=max_new_tokens, **kw)
+    if backend == "vllm":
+        if model_path is None:
+            raise ValueError("the vllm backend needs model_path (a folder written by save_pretrained, or a hub id)")
+        return VLLMGenerator(tokenizer, max_new_tokens=max_new_tokens, model_path=model_path, **kw)
+    raise ValueError(f"unknown rollout backend {backend!r}: expected 'hf' or 'vllm'")
