@@ -287,7 +287,12 @@ class VLLMGenerator:
             comp = out.outputs[0]
             ids = list(comp.token_ids)
             lps = [step[tok].logprob for step, tok in zip(comp.logprobs, ids)]
-            gens.append(Generation(text=comp.text, token_ids=ids, logprobs=lps))
+            # Decoded with the training tokenizer (the engine may load another tokenizer class for the folder).
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            cut = text.find(self.stop)
+            gens.append(
+                Generation(text=text[: cut + len(self.stop)] if cut >= 0 else text, token_ids=ids, logprobs=lps)
+            )
         return gens
 
 

@@ -1,0 +1,173 @@
+"""Model loading (local folders, offline hub ids, smollm2-135m), the critic, and the tiny model's tokenizer."""
+
+import json
+import os
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from common import models
+from common.generation import HFGenerator
+from common.models import Critic, build_critic, is_tiny, load_model, train_tiny_tokenizer
+
+TEXTS = [
+    "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
+    "cabinet 2, a cabinet 1, a countertop 1, and a sinkbasin 1.\n\nYour task is to: put a clean apple in fridge.",
+    "You arrive at countertop 1. On the countertop 1, you see a apple 2, a fork 1, and a potato 1.",
+    "WebShop [SEP] Instruction: [SEP] i need a long clip-in hair extension which is natural looking, and price "
+    "lower than 40.00 dollars [SEP] Search",
+    "Back to Search [SEP] < Prev [SEP] color [SEP] black [SEP] size [SEP] small [SEP] Price: $19.99 [SEP] Buy Now",
+    "<action>go to countertop 1</action> <action>click[b09xyz1234]</action> <action>search[hair extension]</action>",
+]
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer():
+    return train_tiny_tokenizer(TEXTS * 8, vocab_size=400)
+
+
+def small_model(tokenizer, seed=0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return Qwen2ForCausalLM(config)
+
+
+def test_is_tiny():
+    assert is_tiny("tiny")
+    assert not is_tiny("smollm2-135m") and not is_tiny("Qwen/Qwen2.5-1.5B-Instruct")
+
+
+@pytest.mark.parametrize(
+    "text",
+    TEXTS
+    + [
+        "",
+        "  leading and trailing spaces  ",
+        "unicode: héllo wörld — ünïcødé ✓ 日本語のテキスト 🙂 \t tabs\nnewlines\r\n",
+        "</action><action>nested <action>x</action></action>",
+        "<|endoftext|> is kept as text",
+    ],
+)
+def test_tiny_tokenizer_round_trip(small_tokenizer, text):
+    ids = small_tokenizer(text).input_ids
+    assert small_tokenizer.decode(ids) == text
+
+
+def test_tiny_tokenizer_special_tokens(small_tokenizer):
+    tok = small_tokenizer
+    assert tok.padding_side == "left"
+    assert tok.pad_token_id is not None and tok.eos_token_id is not None and tok.pad_token_id != tok.eos_token_id
+    # the action tags are single tokens, and nothing is prepended
+    assert len(tok("<action>").input_ids) == 1 and len(tok("</action>").input_ids) == 1
+    assert tok("go").input_ids == tok("go", add_special_tokens=True).input_ids
+    assert len(tok) <= 400 + 2
+    batch = tok(["a", "a longer text here"], padding=True)
+    assert batch.input_ids[0][0] == tok.pad_token_id  # left padding
+
+
+def test_local_folder_round_trip(tmp_path, small_tokenizer):
+    model = small_model(small_tokenizer)
+    model.save_pretrained(tmp_path)
+    small_tokenizer.save_pretrained(tmp_path)
+    loaded, tok = load_model(str(tmp_path))
+    assert tok.padding_side == "left" and tok.pad_token_id == small_tokenizer.pad_token_id
+    assert loaded.name_or_path == str(tmp_path)
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(a, b), name
+    text = "You arrive at countertop 1."
+    assert tok(text).input_ids == small_tokenizer(text).input_ids
+    assert load_model(str(tmp_path), dtype=torch.bfloat16)[0].dtype == torch.bfloat16
+
+
+def test_missing_model_gives_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(RuntimeError, match="huggingface-cli download nobody-xyz/no-such-model"):
+        load_model("nobody-xyz/no-such-model")
+    with pytest.raises(RuntimeError, match="cannot load"):
+        load_model(str(tmp_path))  # an empty folder
+
+
+def test_pad_token_falls_back_to_eos(tmp_path, small_tokenizer):
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=small_tokenizer.backend_tokenizer, eos_token="<|endoftext|>")
+    assert tok.pad_token is None
+    small_model(small_tokenizer).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    _, loaded = load_model(str(tmp_path))
+    assert loaded.pad_token == "<|endoftext|>" and loaded.padding_side == "left"
+
+
+def test_critic(small_tokenizer):
+    policy = small_model(small_tokenizer)
+    critic = build_critic(policy)
+    assert isinstance(critic, Critic)
+    ids = small_tokenizer(["You arrive at countertop 1.", "go"], padding=True, return_tensors="pt")
+    values = critic(ids.input_ids, ids.attention_mask)
+    assert values.shape == ids.input_ids.shape and values.dtype == torch.float32
+    assert torch.count_nonzero(values) == 0  # zero-initialised head
+    # a deep copy: training the critic leaves the policy alone
+    before = [p.clone() for p in policy.parameters()]
+    torch.nn.init.normal_(critic.head.weight)
+    opt = torch.optim.SGD(critic.parameters(), lr=0.1)
+    values = critic(ids.input_ids, ids.attention_mask)
+    (values * ids.attention_mask).pow(2).mean().backward()
+    assert critic.body.embed_tokens.weight.grad is not None
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+    # left and right padding agree at real tokens (position ids follow the mask)
+    with torch.no_grad():
+        left = critic(ids.input_ids, ids.attention_mask)
+        n = int(ids.attention_mask[1].sum())
+        right_ids = torch.full_like(ids.input_ids[1:], small_tokenizer.pad_token_id)
+        right_ids[0, :n] = ids.input_ids[1, -n:]
+        right_mask = torch.zeros_like(ids.attention_mask[1:])
+        right_mask[0, :n] = 1
+        right = critic(right_ids, right_mask)
+    torch.testing.assert_close(left[1, -n:], right[0, :n], atol=1e-5, rtol=0)
+
+
+def test_critic_from_a_separate_model(tmp_path, small_tokenizer):
+    other = small_model(small_tokenizer, seed=5)
+    other.save_pretrained(tmp_path)
+    small_tokenizer.save_pretrained(tmp_path)
+    policy = small_model(small_tokenizer)
+    critic = build_critic(policy, str(tmp_path))
+    assert torch.equal(critic.body.embed_tokens.weight, other.model.embed_tokens.weight)
+    wrong = train_tiny_tokenizer(TEXTS, vocab_size=300)
+    policy_other_vocab = small_model(wrong)
+    with pytest.raises(ValueError, match="different vocabulary"):
+        build_critic(policy_other_vocab, str(tmp_path))
+
+
+@pytest.mark.slow
+def test_smollm2_loads_offline_and_generates(tmp_path):
+    # the first load dequantises the GGUF (~30 s on 2 cores) into the cache; later loads take under a second
+    model, tok = load_model("smollm2-135m")
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert tok.chat_template and tok.padding_side == "left" and tok.pad_token is not None
+    assert os.path.isdir(model.name_or_path)
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Name a fruit. Answer inside <action></action>."}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    ids = tok(prompt, add_special_tokens=False).input_ids
+    out = HFGenerator(tok, max_new_tokens=24).generate(model, [ids, ids], greedy=True)
+    assert all(len(o.token_ids) > 0 and o.text.strip() for o in out)
+    assert out[0].token_ids == out[1].token_ids
+    json.dumps([o.text for o in out])
+    assert models.SMOLLM2 in model.name_or_path
