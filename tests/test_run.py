@@ -18,6 +18,16 @@ from common import run as run_mod
 from common.run import Run, find_checkpoint, git_commit, mean_ci95, progress, read_metrics, seed_everything
 
 
+@pytest.fixture(autouse=True)
+def _restore_torch_globals():
+    """seed_everything changes process-wide torch flags: give other tests in this worker theirs back."""
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    yield
+    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+
+
 @dataclasses.dataclass
 class Args:
     exp_name: str = "test_run"
@@ -49,7 +59,6 @@ def test_seed_everything_repeats_all_generators():
     assert _draws() != a
     seed_everything(7, torch_deterministic=False)
     assert not torch.are_deterministic_algorithms_enabled()
-    seed_everything(1)
 
 
 def test_mean_ci95_hand_computed():
