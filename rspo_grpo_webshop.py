@@ -848,8 +848,11 @@ if __name__ == "__main__":
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]
         except NonFiniteLoss as err:
-            path = save(iteration - 1)
-            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint saved to {path}") from None
+            # Keep the last good checkpoint; write one only if there is none yet (weights may already be damaged).
+            path = logger.checkpoint_dir / "latest.pt"
+            if not path.is_file():
+                path = save(iteration - 1)
+            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint in {path}") from None
 
         # LOGGING (training curve from the policy's own rollouts only)
         won = [float(t.won) for t in batch]
