@@ -1,0 +1,224 @@
+"""Learning benchmark: held-out success after a fixed budget of environment steps, for every script and reward mode.
+
+Every run trains on the embedded default (tiny model, embedded env, small preset) until `--total-env-steps`
+environment steps have been taken (explorer steps included), then evaluates on held-out seeds. Variants per pair:
+
+- outcome          the base algorithm on the sparse outcome reward, a group of G_on policy rollouts
+- outcome_big      control: the same with G_on + G_off policy rollouts ("more samples" is not "the swap works")
+- process          the base algorithm trained on the dense process reward (evaluated on the outcome)
+- swap             RSPO with the default off-policy correction (tis)
+- swap_none        RSPO without the importance weights (only on the pairs in CORRECTION_PAIRS)
+
+Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run), `learning_summary.csv`
+(mean +- std over seeds), `learning.png` (held-out success vs environment steps, one panel per pair).
+
+    python benchmarks/learning.py                  # the whole table (budget below), about 2 hours on 2 cores
+    python benchmarks/learning.py --only grpo_webshop
+    python benchmarks/learning.py --quick          # a 10-minute check: 1 seed, smaller budget, 2 pairs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+# pair -> (script, extra flags)
+PAIRS: dict[str, tuple[str, list[str]]] = {
+    "grpo_webshop": ("rspo_grpo_webshop.py", []),
+    "ppo_alfworld": ("rspo_ppo_alfworld.py", []),
+    "gigpo_webshop": ("rspo_gigpo.py", ["--env", "webshop"]),
+    "gigpo_alfworld": ("rspo_gigpo.py", ["--env", "alfworld"]),
+}
+CORRECTION_PAIRS = ("grpo_webshop",)
+G_ON, G_OFF = 4, 4
+
+
+def variant_flags(variant: str) -> list[str]:
+    """The flags that make one variant; every variant uses G_on policy rollouts unless it says otherwise."""
+    base = ["--group-size", str(G_ON), "--explorer-rollouts-per-task", str(G_OFF)]
+    if variant == "outcome":
+        return base + ["--reward-mode", "outcome"]
+    if variant == "outcome_big":
+        return [
+            "--group-size",
+            str(G_ON + G_OFF),
+            "--explorer-rollouts-per-task",
+            str(G_OFF),
+            "--reward-mode",
+            "outcome",
+        ]
+    if variant == "process":
+        return base + ["--reward-mode", "process"]
+    if variant == "swap":
+        return base + ["--reward-mode", "swap", "--off-policy-correction", "tis"]
+    if variant == "swap_none":
+        return base + ["--reward-mode", "swap", "--off-policy-correction", "none"]
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def variants_for(pair: str) -> list[str]:
+    names = ["outcome", "outcome_big", "process", "swap"]
+    return names + (["swap_none"] if pair in CORRECTION_PAIRS else [])
+
+
+def read_metrics(path: pathlib.Path) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_one(
+    pair: str, variant: str, seed: int, budget: int, eval_tasks: int, eval_every: int, out: pathlib.Path
+) -> dict:
+    script, extra = PAIRS[pair]
+    runs_dir = out / "runs" / f"{pair}__{variant}__{seed}"
+    cmd = [
+        sys.executable,
+        str(ROOT / script),
+        *extra,
+        *variant_flags(variant),
+        "--seed",
+        str(seed),
+        "--total-env-steps",
+        str(budget),
+        "--num-iterations",
+        "100000",
+        "--eval-every",
+        str(eval_every),
+        "--num-eval-tasks",
+        str(eval_tasks),
+        "--runs-dir",
+        str(runs_dir),
+        "--exp-name",
+        f"{pair}_{variant}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = str(ROOT)
+    t0 = time.time()
+    log = runs_dir.with_suffix(".log")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    seconds = time.time() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{pair}/{variant}/seed {seed} failed (exit {proc.returncode}); see {log}")
+    (metrics_path,) = runs_dir.glob("*/metrics.jsonl")
+    rows = read_metrics(metrics_path)
+    evals = [r for r in rows if "eval/success_rate" in r]
+    last = evals[-1]
+    return {
+        "pair": pair,
+        "variant": variant,
+        "seed": seed,
+        "env_steps": last["env_steps"],
+        "success": last["eval/success_rate"],
+        "score": last.get("eval/score", ""),
+        "seconds": round(seconds, 1),
+        "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
+    }
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    rows = []
+    keys = sorted({(r["pair"], r["variant"]) for r in results}, key=lambda k: (list(PAIRS).index(k[0]), k[1]))
+    for pair, variant in keys:
+        rs = [r for r in results if r["pair"] == pair and r["variant"] == variant]
+        succ = [r["success"] for r in rs]
+        scores = [r["score"] for r in rs if r["score"] != ""]
+        rows.append(
+            {
+                "pair": pair,
+                "variant": variant,
+                "seeds": len(rs),
+                "success_mean": round(statistics.mean(succ), 4),
+                "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
+                "score_mean": round(statistics.mean(scores), 2) if scores else "",
+                "score_std": round(statistics.stdev(scores), 2) if len(scores) > 1 else ("" if not scores else 0.0),
+                "env_steps_mean": round(statistics.mean(r["env_steps"] for r in rs)),
+            }
+        )
+    return rows
+
+
+def plot(results: list[dict], path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = [p for p in PAIRS if any(r["pair"] == p for r in results)]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.5 * len(pairs), 3.6), squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        for variant in sorted({r["variant"] for r in results if r["pair"] == pair}):
+            rs = [r for r in results if r["pair"] == pair and r["variant"] == variant]
+            # Average the seeds' curves on the eval points they share by index.
+            n = min(len(r["curve"]) for r in rs)
+            xs = [statistics.mean(r["curve"][i][0] for r in rs) for i in range(n)]
+            ys = [statistics.mean(r["curve"][i][1] for r in rs) for i in range(n)]
+            ax.plot(xs, ys, marker="o", ms=3, label=variant)
+        ax.set_title(pair)
+        ax.set_xlabel("environment steps (explorer included)")
+        ax.set_ylabel("held-out success")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--only", choices=list(PAIRS), action="append", help="run only this pair (repeatable)")
+    p.add_argument("--quick", action="store_true", help="10-minute check: 1 seed, small budget, two pairs")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--total-env-steps", type=int, default=6000, help="budget per run, explorer steps included")
+    p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
+    p.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
+    a = p.parse_args()
+    pairs = a.only or list(PAIRS)
+    seeds, budget, eval_tasks, eval_every = a.seeds, a.total_env_steps, a.num_eval_tasks, a.eval_every
+    if a.quick:
+        pairs = a.only or ["grpo_webshop", "ppo_alfworld"]
+        seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
+    a.out.mkdir(parents=True, exist_ok=True)
+    jobs = [(pair, v, s) for pair in pairs for v in variants_for(pair) for s in range(1, seeds + 1)]
+    print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
+    t0 = time.time()
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        results = list(pool.map(lambda j: run_one(*j, budget, eval_tasks, eval_every, a.out), jobs))
+    for r in results:
+        print(f"{r['pair']:15s} {r['variant']:12s} seed {r['seed']}: success {r['success']:.3f} ({r['seconds']} s)")
+    suffix = "_quick" if a.quick else ""
+    with open(a.out / f"learning{suffix}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "curve"])
+        w.writeheader()
+        w.writerows({k: v for k, v in r.items() if k != "curve"} for r in results)
+    summary = summarise(results)
+    with open(a.out / f"learning{suffix}_summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+    plot(results, a.out / f"learning{suffix}.png")
+    print(f"\n| pair | variant | held-out success (mean +- std) | WebShop score | env steps | seeds |")
+    print("|---|---|---|---|---|---|")
+    for s in summary:
+        score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
+        print(
+            f"| {s['pair']} | {s['variant']} | {s['success_mean']:.3f} +- {s['success_std']:.3f} | {score} "
+            f"| {s['env_steps_mean']} | {s['seeds']} |"
+        )
+    print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
+
+
+if __name__ == "__main__":
+    main()
