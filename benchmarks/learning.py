@@ -209,7 +209,7 @@ def main() -> None:
         w.writeheader()
         w.writerows(summary)
     plot(results, a.out / f"learning{suffix}.png")
-    print(f"\n| pair | variant | held-out success (mean +- std) | WebShop score | env steps | seeds |")
+    print("\n| pair | variant | held-out success (mean +- std) | WebShop score | env steps | seeds |")
     print("|---|---|---|---|---|---|")
     for s in summary:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
