@@ -24,7 +24,7 @@ import string
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import numpy as np
 import torch
@@ -495,7 +495,7 @@ class Run:
         self.close(exit_code=0 if exc_type is None else 1)
 
 
-__all__: Sequence[str] = (
+__all__ = (
     "Run",
     "find_checkpoint",
     "git_commit",
