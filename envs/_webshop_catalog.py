@@ -393,7 +393,7 @@ def make_goal_candidate(product: dict, preset: str, rng: random.Random) -> dict:
     type_name = product["type_name"]
     opts = " and ".join(_OPTION_PHRASES[k].format(v=v) for k, v in goal_options.items())
     template = rng.choice(p.templates)
-    article = "an" if type_name[0] in "aeiou" else "a"
+    article = "an" if type_name[0] in "aeio" else "a"
     if type_name.endswith("s") and not type_name.endswith("ss"):
         article = "some"
     text = template.format(a=article, type=type_name, attrs=_join(attributes), opts=(", " + opts) if opts else "")

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, field
 
 import bm25s
+import numpy as np
 from bm25s.tokenization import Tokenizer
 
 from envs._webshop_catalog import (
@@ -140,20 +141,26 @@ class SearchIndex:
         self.bm25 = bm25s.BM25(k1=0.9, b=0.4, method="lucene")
         self.bm25.index(corpus_ids, show_progress=False)
         self._cache: dict[str, tuple[int, ...]] = {}
+        # Queries are split the same way with the corpus vocabulary (unknown words score nothing); done here
+        # rather than through Tokenizer.tokenize, whose per-call overhead would dominate a step.
+        self._vocab = {w: i for w, i in self.tokenizer.get_vocab_dict().items() if w}
+        self._stopwords = frozenset(self.tokenizer.stopwords)
+        self._split = re.compile(r"(?u)\b\w+\b")
 
     def search(self, keywords: str, k: int = SEARCH_RETURN_N) -> tuple[int, ...]:
         """Indices of the top-k products with a positive score, best first (ties: catalog order)."""
         hits = self._cache.get(keywords)
         if hits is not None:
             return hits[:k]
-        ids = self.tokenizer.tokenize([keywords], update_vocab=False, return_as="ids", show_progress=False)[0]
-        ids = [i for i in ids if i != 0] if ids else []  # id 0 stands for words the catalog never uses
+        words = self._split.findall(keywords.lower())
+        ids = [self._vocab[w] for w in words if w not in self._stopwords and w in self._vocab]
         if not ids:
             hits = ()
         else:
             scores = self.bm25.get_scores(ids)
-            order = sorted((i for i in range(len(scores)) if scores[i] > 0), key=lambda i: (-float(scores[i]), i))
-            hits = tuple(order[:SEARCH_RETURN_N])
+            positive = np.nonzero(scores > 0)[0]
+            order = positive[np.lexsort((positive, -scores[positive]))]  # by score, ties by catalog order
+            hits = tuple(int(i) for i in order[:SEARCH_RETURN_N])
         if len(keywords) <= 2000 and len(self._cache) < 50_000:
             self._cache[keywords] = hits
         return hits[:k]
