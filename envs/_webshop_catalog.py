@@ -246,6 +246,7 @@ class Preset:
     bullets: int
     max_reviews: int
     title_case: bool
+    title_suffix: float  # probability of an audience suffix such as "for women"
     templates: tuple[str, ...]
 
 
@@ -259,8 +260,8 @@ _TEMPLATES_LONG = (
 _TEMPLATES_SHORT = ("i need {a} {type} that is {attrs}{opts}", "i want {a} {attrs} {type}{opts}")
 
 PRESETS = {
-    "default": Preset(5, 40, (3, 4), (1, 3), 2, (2, 4), 4, 2, True, _TEMPLATES_LONG),
-    "small": Preset(2, 20, (2, 3), (1, 2), 2, (2, 3), 2, 1, False, _TEMPLATES_SHORT),
+    "default": Preset(5, 40, (3, 4), (1, 3), 2, (2, 4), 4, 2, True, 0.6, _TEMPLATES_LONG),
+    "small": Preset(2, 20, (2, 3), (1, 2), 2, (2, 3), 2, 1, False, 0.0, _TEMPLATES_SHORT),
 }
 
 _OPTION_PHRASES = {
@@ -327,7 +328,7 @@ def generate_catalog(preset: str = "small", seed: int = 0) -> list[dict]:
             if rng.random() < 0.5:
                 words.append(attrs[0])
             words.append(ptype.name)
-            if ptype.suffixes and rng.random() < 0.6:
+            if ptype.suffixes and rng.random() < p.title_suffix:
                 text, suffix_nouns = rng.choice(ptype.suffixes)
                 words.append(text)
                 nouns.extend(suffix_nouns)

@@ -8,6 +8,14 @@ reward formula (`webshop_reward`); the outcome is 1.0 only when that reward is e
     env = make_env(backend="embedded", preset="small", max_steps=15)
     obs, info = env.reset(seed)            # goal index = seed; test goals 0-499, train 500+
     obs, reward, done, info = env.step("search[black hair extension]")
+
+Known differences of the embedded shop from the original:
+- the catalog is generated (25 product types, 5 per WebShop category; `small`: 10 types, 200 products), each
+  product has one price (no `$x to $y` ranges) and the goals are generated in the style of WebShop's human goals;
+- BM25 is bm25s (Lucene variant, k1=0.9, b=0.4, Lucene's 33 English stopwords) without pyserini's Porter stemming;
+- the done page shows only the thank-you line and the score;
+- `search[...]` is executed from any page, as in the original, although `admissible_actions` offers it only on the
+  search page (the only page with a search bar).
 """
 
 from __future__ import annotations

@@ -221,6 +221,23 @@ def test_goals_follow_webshop_rules(preset):
     assert partial_distractor >= 0.8 * len(seeds)
 
 
+def test_search_is_bm25s_ranking():
+    """The hits are bm25s' own top-k (scores from its retriever), restricted to positive scores."""
+    index = get_shop("default").index
+    for query in ["black hair extension", "gluten free protein bar in size 12 count", "Office-Chair, lumbar!"]:
+        hits = index.search(query.lower())
+        q = index.tokenizer.tokenize([query.lower()], update_vocab=False, return_as="ids", show_progress=False)
+        docs, scores = index.bm25.retrieve(q, k=SEARCH_RETURN_N, show_progress=False, n_threads=1)
+        ours = index.bm25.get_scores([i for i in q[0] if i != 0])[list(hits)]
+        n = len(hits)
+        assert n > 10 and list(ours) == pytest.approx(list(scores[0][:n])) and all(scores[0][n:] <= 0)
+        assert list(ours) == sorted(ours, reverse=True)
+        # same documents as bm25s' retrieve up to ties at the cut-off score
+        cut = ours[-1]
+        assert {h for h, x in zip(hits, ours) if x > cut} <= set(docs[0].tolist())
+    assert index.search("zzzz the and of") == ()
+
+
 def test_split_seeds():
     assert split_seeds("test", 3) == [0, 1, 2]
     assert split_seeds("train", 3) == [500, 501, 502]
