@@ -17,8 +17,9 @@ Each room has 40 floor plans; train and valid_seen seeds draw from the same 32 (
 from the 8 held-out ones (plan index a multiple of 5), mirroring ALFWorld's unseen rooms: new receptacle sets with
 the same vocabulary and task types. valid_seen differs from train only in the seeds (object placement, task).
 
-Presets: `small` (5-8 receptacles, 2-6 objects, expert solutions of 3-10 steps; for a tiny model on a CPU) and
-`default` (12-40 receptacles and 11-30 objects, near the original games' sizes).
+Presets: `small` (5-8 receptacles, 1-6 objects, 10-15 admissible commands, expert solutions of 3-10 steps; for a
+tiny model on a CPU) and `default` (12-31 receptacles, 8-28 objects, 15-40 admissible commands; near the original
+games' sizes). `task_types=(...)` restricts the task types drawn.
 
 Real backend (`backend="real"`): the original games under $ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}
 (3,553 / 140 / 134 games; `pip install alfworld` then `alfworld-download`), played by textworld's PddlEnv with
@@ -237,6 +238,9 @@ def find_games(split: str, data_path: str | None = None) -> list[str]:
             continue
         if not os.path.exists(os.path.join(os.path.dirname(path), "traj_data.json")):
             continue
+        with open(path) as f:
+            if not json.load(f).get("solvable", False):
+                continue
         games.append(path)
     return games
 
@@ -290,12 +294,12 @@ class RealAlfWorldEnv:
         if self.env is None:
             raise RuntimeError("call reset(seed) before step()")
         action = action if isinstance(action, str) else str(action)
-        valid = action.strip() in self.state["admissible_commands"]
-        before = self._location()
+        command = action.strip()
+        valid = command in self.state["admissible_commands"]
         self.state, _, _ = self.env.step(action)
         obs = self.state.feedback
-        after = self._location()
-        visited = after if valid and after is not None and after != before else None
+        # In the original games several receptacles can share a location: a visit is a `go to` of that receptacle.
+        visited = command[len("go to ") :] if valid and command.startswith("go to ") else None
         pr = self._ep.process_reward(valid, visited, self._milestones() if valid else set())
         reward, done, truncated = self._ep.finish(obs, valid, bool(self.state["won"]))
         return obs, reward, done, self._info(pr, truncated)
@@ -305,12 +309,6 @@ class RealAlfWorldEnv:
         for fact in self.state["facts"]:
             out.setdefault(fact.name, []).append(tuple(v.name.strip() for v in fact.arguments))
         return out
-
-    def _location(self) -> str | None:
-        facts = self._facts()
-        locs = {args[1] for args in facts.get("atlocation", [])}
-        here = [r for r, loc in facts.get("receptacleatlocation", []) if loc in locs]
-        return here[0] if here else None
 
     def _milestones(self) -> set[str]:
         facts = self._facts()

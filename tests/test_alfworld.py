@@ -228,12 +228,13 @@ def test_splits_are_disjoint_and_unseen_plans_held_out():
             assert (env.world.layout.plan % UNSEEN_EVERY == 0) == unseen
 
 
-def test_text_corpus_covers_every_printed_word():
-    corpus = alfworld.text_corpus("small")
+@pytest.mark.parametrize("preset", ["small", "default"])
+def test_text_corpus_covers_every_printed_word(preset):
+    corpus = alfworld.text_corpus(preset)
     vocab = set(re.findall(r"[A-Za-z']+", " ".join(corpus)))
-    env = alfworld.make_env()
+    env = alfworld.make_env(preset=preset)
     rng = random.Random(1)
-    for seed in range(150, 260):
+    for seed in list(range(150, 230)) + alfworld.split_seeds("valid_unseen", 40):
         obs, info = env.reset(seed)
         words = set(re.findall(r"[A-Za-z']+", obs))
         for _ in range(20):
@@ -317,6 +318,15 @@ def test_real_backend_plays_exported_games_like_embedded(tmp_path):
         (game_dir / "game.tw-pddl").write_text(json.dumps(alfworld.export_game(seed)))
         params = {"object_target": lay.obj_kind, "parent_target": lay.recep_kind, "toggle_target": lay.lamp_kind}
         (game_dir / "traj_data.json").write_text(json.dumps({"task_type": lay.task_type, "pddl_params": params}))
+    # What ALFWorld's own loader skips: unsolvable games and sliced-object tasks.
+    for name, solvable in (
+        ("pick_and_place_simple-Unsolvable-1", False),
+        ("pick_and_place_simple-AppleSliced-2", True),
+    ):
+        game_dir = tmp_path / "json_2.1.1" / "valid_seen" / name / "trial_T0"
+        game_dir.mkdir(parents=True)
+        (game_dir / "game.tw-pddl").write_text(json.dumps(dict(alfworld.export_game(0), solvable=solvable)))
+        (game_dir / "traj_data.json").write_text(json.dumps({"task_type": "pick_and_place_simple"}))
     real = alfworld.make_env(backend="real", data_path=str(tmp_path))
     games = real.games("valid_seen")
     assert len(games) == len(seeds)
