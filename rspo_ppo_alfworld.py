@@ -1,0 +1,1131 @@
+"""RSPO with multi-turn PPO (turn-level GAE) on ALFWorld. Docs: docs/rspo_ppo_alfworld.md
+
+One iteration: B household tasks are each played by G policy rollouts (lockstep, batched generation; G = 1 is
+fine, PPO needs no groups). A critic (a scalar value head on a copy of the LM, or on a separate model) reads the
+value at the last prompt token of every turn; GAE over the turns turns per-turn rewards into advantages, which
+every response token of the turn carries. In the default `--reward-mode swap` (RSPO), an explorer (a copy of
+the policy with its own value head) takes one PPO step on that batch with the dense *process* reward, plays the
+same tasks, and its trajectories have their rewards swapped back to the sparse *outcome* reward before they enter
+a replay buffer; buffered trajectories of this iteration's tasks join the batch (their advantages use the
+policy's critic), and the policy takes its PPO step on the outcome reward only, with truncated importance weights
+on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two baselines.
+"""
+
+import copy
+import dataclasses
+import os
+import random
+import time
+from collections import deque
+from collections.abc import Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import tyro
+
+from common import envs as cenvs
+from common import generation, models, prompts, run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (tasks, sampling, the tiny model's warm start)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and deterministic algorithms"""
+    cuda: bool = True
+    """if toggled, CUDA is used when available (bf16 autocast); otherwise the CPU in fp32"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases"""
+    wandb_project_name: str = "rspo"
+    """the wandb project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of the wandb project"""
+    save_model: bool = True
+    """whether to save the final policy (save_pretrained) and critic into the run folder"""
+
+    # Environment
+    env_backend: Literal["embedded", "real"] = "embedded"
+    """`embedded`: the pure-Python ALFWorld replica; `real`: the original games on the TextWorld engine"""
+    env_preset: Literal["small", "default"] = "small"
+    """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
+    max_steps: int = 20
+    """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
+    --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 20"""
+    history_len: int = 2
+    """previous (observation, action) pairs shown in each turn's prompt"""
+    max_prompt_tokens: int = 1024
+    """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
+
+    # Model and rollout
+    model_name: str = "tiny"
+    """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
+    critic_model_name: Optional[str] = None
+    """None: the critic is a value head on a copy of the policy; else a separate model with the same tokenizer"""
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
+    generation_batch_size: Optional[int] = None
+    """prompts per HF generate call (None: all active envs at once)"""
+    temperature: float = 1.0
+    """sampling temperature of training rollouts (old log-probs are recomputed at the same temperature)"""
+    max_new_tokens: int = 24
+    """response budget per turn in tokens"""
+
+    # Algorithm specific arguments
+    num_iterations: int = 30
+    """training iterations (one rollout batch and one update each)"""
+    tasks_per_iteration: int = 8
+    """B: tasks per iteration"""
+    group_size: int = 2
+    """G_on: policy rollouts per task (PPO has no group baseline: 1 is allowed)"""
+    learning_rate: float = 1e-4
+    """policy learning rate (the tiny model; paper-scale runs use 1e-6)"""
+    critic_learning_rate: float = 3e-4
+    """critic learning rate (its own AdamW)"""
+    warmup_iterations: int = 0
+    """linear learning-rate warm-up over this many iterations (then constant)"""
+    update_epochs: int = 1
+    """passes over the batch per update"""
+    minibatch_tokens: int = 16384
+    """token budget of one optimiser step (sum of prompt+response lengths of its turns)"""
+    micro_batch_tokens: int = 4096
+    """token budget of one forward/backward (padded rows x length); gradients accumulate over micro-batches"""
+    gamma: float = 0.99
+    """discount over turns"""
+    gae_lambda: float = 0.95
+    """GAE lambda over turns"""
+    advantage_estimator: Literal["turn_gae", "episode_return_token_gae"] = "turn_gae"
+    """`turn_gae`: GAE over the turns (values at each turn's last prompt token); `episode_return_token_gae`:
+    verl-agent's variant, GAE inside each turn with gamma = lambda = 1 and the episode return on every turn"""
+    norm_adv: bool = True
+    """whiten the advantages over the batch's response tokens (before the invalid-turn penalty)"""
+    vf_clip: float = 2.0
+    """value clipping range in return units (0.2 x the outcome scale 10): V stays within V_old +- vf_clip"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient epsilon"""
+    dual_clip: float = 3.0
+    """dual-clip constant c: for negative advantages the loss is at most -c * A"""
+    kl_coef: float = 0.01
+    """coefficient of the k3 KL to the frozen initial policy"""
+    ent_coef: float = 0.001
+    """coefficient of the entropy bonus"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm (policy and critic each)"""
+    outcome_scale: float = 10.0
+    """per-turn outcome reward r_t = outcome_scale * (env reward of the step): outcome return = 10 * success"""
+    invalid_penalty: float = 0.1
+    """subtracted from the advantage of a turn whose response has no parsable <action>...</action>"""
+
+    # RSPO (reward swap)
+    reward_mode: Literal["swap", "outcome", "process"] = "swap"
+    """`swap`: RSPO; `outcome`: PPO on the outcome reward; `process`: PPO on the process reward"""
+    explorer_rollouts_per_task: int = 2
+    """G_off: explorer rollouts per task (swap mode)"""
+    explorer_sync_every: int = 1
+    """copy the policy's weights into the explorer every this many iterations (1: every iteration)"""
+    explorer_learning_rate: Optional[float] = None
+    """explorer learning rate (None: --learning-rate)"""
+    explorer_critic_learning_rate: Optional[float] = None
+    """learning rate of the explorer's value head (None: --critic-learning-rate)"""
+    explorer_update_epochs: Optional[int] = None
+    """explorer update epochs (None: --update-epochs)"""
+    off_policy_correction: Literal["tis", "none"] = "tis"
+    """`tis`: weight explorer tokens by min(pi_old / pi_explorer, is_cap); `none`: weight 1"""
+    is_cap: float = 2.0
+    """cap C of the truncated importance weights"""
+    buffer_capacity: int = 256
+    """replay buffer capacity (explorer trajectories, FIFO)"""
+    buffer_max_age: int = 10
+    """iterations a buffered trajectory stays usable (0: only this iteration's)"""
+    buffer_extra_other_tasks: int = 0
+    """also train on up to this many buffered trajectories of tasks outside the batch (PPO has no groups)"""
+    train_pool_size: int = 32
+    """training tasks are drawn from the first this-many train seeds, so that tasks recur"""
+
+    # Evaluation and checkpoints
+    eval_split: Literal["valid_unseen", "valid_seen"] = "valid_unseen"
+    """held-out split: `valid_unseen` (worlds unlike training, ALFWorld's headline number) or `valid_seen`"""
+    eval_every: int = 5
+    """evaluate every this many iterations (and after the last; 0: only after the last)"""
+    eval_at_start: bool = True
+    """also evaluate the initial policy (logged at iteration 0)"""
+    num_eval_tasks: int = 32
+    """held-out tasks (the first seeds of --eval-split)"""
+    eval_temperature: float = 0.0
+    """evaluation sampling temperature (0: greedy)"""
+    eval_batch_size: int = 64
+    """evaluation episodes played in lockstep at once"""
+    checkpoint_every: int = 1
+    """save runs/{run}/checkpoints/latest.pt every this many iterations (and at the end)"""
+    runs_dir: str = "runs"
+    """folder of the run folders"""
+    resume: Optional[str] = None
+    """a run folder: continue from its latest checkpoint (same flags)"""
+    eval_only: bool = False
+    """evaluate the policy (the --resume checkpoint, else the initial model) and exit"""
+
+    # to be filled in runtime
+    num_policy_rollouts: int = 0
+    """B * G_on"""
+    num_explorer_rollouts: int = 0
+    """B * G_off in swap mode, else 0"""
+
+
+# ALGO LOGIC: advantages, value loss, policy loss, importance weights, the swap, the replay buffer
+# (pure: nothing reads args)
+
+
+def compute_turn_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    gamma: float = 0.99,
+    lam: float = 0.95,
+    bootstrap_value: float | torch.Tensor = 0.0,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over the turns of one trajectory or of a padded batch.
+
+    rewards, values, dones: [T] (one trajectory) or [N, T] (trajectories padded at the end); values[t] = V(s_t),
+    read at the last prompt token of turn t; dones[t] = 1 where the task ended the episode at turn t (a trajectory
+    cut by the step limit has done = 0 on its last turn). mask: [N, T] (or [T]), 1 on real turns, a prefix of
+    each row (None: all real). bootstrap_value: scalar or [N], V of the state after each trajectory's last real
+    turn (the prompt its next turn would have had); it only counts where that last turn is not done.
+
+        delta_t = r_t + gamma * V(s_{t+1}) * (1 - done_t) - V(s_t)     (V(s_{t+1}) = bootstrap after the last turn)
+        A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}       = sum_k (gamma lam)^k delta_{t+k}
+        R_t     = A_t + V(s_t)                                         (the critic's target)
+
+    Returns (advantages, returns), shaped like rewards, 0 on padding.
+    """
+    if rewards.shape != values.shape or rewards.shape != dones.shape:
+        raise ValueError(
+            f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, dones {tuple(dones.shape)}"
+        )  # noqa: E501
+    single = rewards.dim() == 1
+    if single:
+        rewards, values, dones = rewards[None], values[None], dones[None]
+        mask = None if mask is None else mask[None]
+    if rewards.dim() != 2:
+        raise ValueError(f"expected [T] or [N, T] tensors, got {tuple(rewards.shape)}")
+    n, horizon = rewards.shape
+    rewards, values, dones = rewards.float(), values.float(), dones.float()
+    mask = torch.ones_like(rewards) if mask is None else mask.float()
+    boot = torch.as_tensor(bootstrap_value, dtype=torch.float32, device=rewards.device).expand(n)
+    advantages = torch.zeros_like(rewards)
+    next_adv = torch.zeros(n, device=rewards.device)
+    for t in reversed(range(horizon)):
+        if t == horizon - 1:
+            next_value = boot
+        else:
+            # the step after the last real turn is padding: its value is the bootstrap, its advantage 0
+            next_value = torch.where(mask[:, t + 1] > 0, values[:, t + 1], boot)
+            next_adv = next_adv * mask[:, t + 1]
+        nonterminal = 1.0 - dones[:, t]
+        delta = rewards[:, t] + gamma * next_value * nonterminal - values[:, t]
+        next_adv = (delta + gamma * lam * nonterminal * next_adv) * mask[:, t]
+        advantages[:, t] = next_adv
+    returns = (advantages + values) * mask
+    if single:
+        return advantages[0], returns[0]
+    return advantages, returns
+
+
+def compute_token_gae(
+    token_rewards: torch.Tensor, token_values: torch.Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the response tokens of ONE turn, the turn being an episode that ends after its last token.
+
+    token_rewards, token_values: [L]; token_values[k] = V of the state before response token k (k = 0: the last
+    prompt token). delta_k = r_k + gamma V_{k+1} - V_k (V_L = 0), A_k = sum_j (gamma lam)^j delta_{k+j}.
+    verl-agent's multi-turn PPO puts the episode return R on the last token with gamma = lam = 1, so A_k = R - V_k.
+    Returns (advantages, returns = A + V), both [L].
+    """
+    advantages = torch.zeros(token_rewards.shape[0])
+    next_adv, next_value = 0.0, 0.0
+    for k in reversed(range(token_rewards.shape[0])):
+        delta = token_rewards[k] + gamma * next_value - token_values[k]
+        next_adv = delta + gamma * lam * next_adv
+        advantages[k] = next_adv
+        next_value = token_values[k]
+    return advantages, advantages + token_values.float()
+
+
+def whiten(x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) over all elements (population variance). One element gives 0."""
+    if x.numel() == 0:
+        return x
+    return (x - x.mean()) / torch.sqrt(x.var(unbiased=False) + eps)
+
+
+def last_prompt_token_values(values: torch.Tensor, prompt_lengths: torch.Tensor) -> torch.Tensor:
+    """values: [B, T] critic output on right-padded rows (prompt first); prompt_lengths: [B].
+    Returns [B]: V at position prompt_len - 1, the last prompt token (the state the turn's response starts from)."""
+    if (prompt_lengths < 1).any() or (prompt_lengths > values.shape[1]).any():
+        raise ValueError("prompt lengths must lie in [1, T]")
+    return values.gather(1, (prompt_lengths.long() - 1).unsqueeze(1)).squeeze(1)
+
+
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, clip: float
+) -> torch.Tensor:
+    """Per element: 0.5 * max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2) (same shapes in and out)."""
+    v_clipped = old_values + (values - old_values).clamp(-clip, clip)
+    return 0.5 * torch.maximum((values - returns) ** 2, (v_clipped - returns) ** 2)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor) -> Optional[float]:
+    """1 - Var(R - V) / Var(R) (1: perfect critic, 0: no better than a constant); None when Var(R) = 0."""
+    if returns.numel() < 2 or returns.var(unbiased=False).item() == 0:
+        return None
+    return 1.0 - ((returns - values).var(unbiased=False) / returns.var(unbiased=False)).item()
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
+
+    input_ids, attention_mask: [B, T] (right padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None,
+    both float32 (position t predicts token t+1).
+    """
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    logits = logits.float() / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    logprobs = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = None
+    if with_entropy:
+        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    return logprobs, entropy
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    is_weights: torch.Tensor,
+    clip_coef: float = 0.2,
+    dual_clip: float = 3.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate with dual clip, weighted by (detached) importance weights; summed over response tokens.
+
+    All inputs [B, T] (PPO's advantages are per token: turn GAE broadcast to the turn's tokens, or token GAE).
+    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A);
+    token loss = w * l. Returns (sum of token losses over the mask, number of clipped tokens). The caller divides
+    the sum by the minibatch's response-token count (token-mean, unchanged by gradient accumulation).
+    """
+    mask = response_mask.to(logprobs.dtype)
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    clipped = ((loss_clipped > loss_unclipped) & response_mask).sum()
+    return (is_weights.detach() * loss * mask).sum(), clipped
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) per token: exp(ref - lp) - (ref - lp) - 1 (>= 0, unbiased on pi's samples)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor
+) -> torch.Tensor:
+    """w = min(pi_old / pi_behaviour, cap) per token where `off_policy`, else 1; detached.
+
+    old_logprobs, behaviour_logprobs: [B, T]; off_policy: [B, T] or [B, 1] bool (the rows sampled by another model).
+    """
+    w = torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
+    return torch.where(off_policy, w, torch.ones_like(w)).detach()
+
+
+def importance_weight_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Distribution of importance weights over the masked tokens: mean, share below 0.1, and the normalised
+    effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1]. Empty dict when the mask is empty."""
+    w = weights[mask].double()
+    if w.numel() == 0:
+        return {}
+    return {
+        "mean": w.mean().item(),
+        "frac_below_0.1": (w < 0.1).double().mean().item(),
+        "ess": (w.sum() ** 2 / (w.numel() * (w**2).sum())).item(),
+    }
+
+
+@dataclass
+class Turn:
+    """One turn: a training row (prompt -> response) and what the environment answered."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]  # log pi_behaviour(token) at the sampling temperature, one per response id
+    action: str  # what the environment received
+    valid: bool  # the response had a parsable <action>...</action>
+    anchor_obs: str  # info["anchor"] of the state the turn acted in
+    outcome_reward: float  # env reward of the step (1.0 on the solving step)
+    process_reward: Optional[float]  # info["process_reward"]; None once swapped
+    done: bool  # the episode ended at this turn (solved, or the step limit)
+    truncated: bool  # ... and it was the step limit that ended it (not terminal for GAE)
+
+
+@dataclass
+class Trajectory:
+    task_seed: int
+    group_id: int  # the task seed: the rollouts of one task
+    turns: list[Turn]
+    won: bool
+    task_type: str  # ALFWorld task type (pick_and_place_simple, ...)
+    outcome_return: float  # outcome_scale * won
+    process_return: Optional[float]  # sum of the turns' process rewards; None once swapped
+    sampler: str  # "policy" or "explorer"
+    iteration: int  # the iteration that sampled it
+    next_prompt_ids: Optional[list[int]] = None  # prompt after the last turn of a truncated episode (bootstrap)
+
+
+def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """THE SWAP: copies of the trajectories that keep only their outcome reward.
+
+    Process rewards (per turn and the return) are removed (set to None), so nothing derived from the dense
+    reward can reach the policy's update: an accidental use fails loudly instead of training on it.
+    """
+    swapped = []
+    for traj in trajectories:
+        turns = [dataclasses.replace(t, process_reward=None) for t in traj.turns]
+        swapped.append(dataclasses.replace(traj, turns=turns, process_return=None))
+    return swapped
+
+
+def turn_rewards(traj: Trajectory, reward: Literal["outcome", "process"], outcome_scale: float) -> torch.Tensor:
+    """[T] per-turn rewards: outcome_scale * (the step's outcome reward), or the step's process reward
+    (a ValueError for a swapped trajectory, which has none)."""
+    if reward == "outcome":
+        return torch.tensor([outcome_scale * t.outcome_reward for t in traj.turns], dtype=torch.float32)
+    if any(t.process_reward is None for t in traj.turns):
+        raise ValueError("a swapped trajectory has no process reward: it can only be trained on its outcome")
+    return torch.tensor([t.process_reward for t in traj.turns], dtype=torch.float32)
+
+
+class ReplayBuffer:
+    """FIFO of swapped explorer trajectories (task id, outcome return and behaviour log-probs are inside each).
+
+    capacity: the oldest entries leave first; max_age: an entry added at iteration j is usable while
+    iteration - j <= max_age (0: only in the iteration that added it).
+    """
+
+    def __init__(self, capacity: int, max_age: int):
+        self.capacity, self.max_age = capacity, max_age
+        self.entries: deque[tuple[int, Trajectory]] = deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, trajectories: list[Trajectory], iteration: int) -> None:
+        if any(t.process_return is not None for t in trajectories):
+            raise ValueError("only swapped trajectories (outcome reward only) enter the replay buffer")
+        self.entries.extend((iteration, t) for t in trajectories)
+
+    def sample(
+        self, task_ids: Sequence[int], iteration: int, num_other: int = 0, rng: random.Random | None = None
+    ) -> list[Trajectory]:
+        """The stored trajectories of these tasks that are at most max_age iterations old (expired ones leave),
+        then up to `num_other` of the other tasks' (drawn without replacement, kept in buffer order)."""
+        self.entries = deque(((j, t) for j, t in self.entries if iteration - j <= self.max_age), maxlen=self.capacity)
+        tasks = set(task_ids)
+        same = [t for _, t in self.entries if t.task_seed in tasks]
+        others = [t for _, t in self.entries if t.task_seed not in tasks]
+        if num_other <= 0 or not others:
+            return same
+        picked = sorted((rng or random).sample(range(len(others)), min(num_other, len(others))))
+        return same + [others[i] for i in picked]
+
+    def state_dict(self) -> dict:
+        return {"entries": [(j, dataclasses.asdict(t)) for j, t in self.entries]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = deque(maxlen=self.capacity)
+        for j, t in state["entries"]:
+            turns = [Turn(**turn) for turn in t["turns"]]
+            self.entries.append((j, Trajectory(**{**t, "turns": turns})))
+
+
+# Script plumbing: rollout, critic values, training rows, update, evaluation
+
+
+def rollout(
+    model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
+    history_len, short, max_prompt_tokens, outcome_scale, autocast,
+) -> tuple[list[Trajectory], dict]:  # fmt: skip
+    """Play len(task_seeds) * group_size episodes in lockstep (same seed = same task), one batched generate per turn.
+    A truncated episode also records the prompt its next turn would have had (the critic's bootstrap state)."""
+    seeds = cenvs.group_seeds(list(task_seeds), group_size)
+    n = len(seeds)
+    obs, infos = envs.reset(seeds)
+    task_types = [str(info.get("task_type", "")) for info in infos]
+    histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    turns: list[list[Turn]] = [[] for _ in range(n)]
+    next_prompts: list[Optional[list[int]]] = [None] * n
+    active = [True] * n
+    gen_tokens, gen_time = 0, 0.0
+
+    def encode(i: int) -> list[int]:
+        return prompts.encode_prompt(
+            tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
+            history_len=history_len, short=short, max_prompt_tokens=max_prompt_tokens,
+        )  # fmt: skip
+
+    while any(active):
+        idx = [i for i in range(n) if active[i]]
+        batch_prompts = [encode(i) for i in idx]
+        t0 = time.perf_counter()
+        with autocast():
+            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
+        gen_time += time.perf_counter() - t0
+        actions: list[str | None] = [None] * n
+        parsed = {}
+        for k, i in enumerate(idx):
+            action, valid = prompts.parse_action(gens[k].text)
+            # An unparsable response goes to the env verbatim: it answers as the original does (`Nothing happens.`).
+            parsed[i] = (action if valid else gens[k].text, valid)
+            actions[i] = parsed[i][0]
+            gen_tokens += len(gens[k].token_ids)
+        next_obs, rewards, dones, next_infos = envs.step(actions)
+        for k, i in enumerate(idx):
+            g = gens[k]
+            if len(g.logprobs) != len(g.token_ids):
+                raise RuntimeError(f"generator returned {len(g.logprobs)} log-probs for {len(g.token_ids)} tokens")
+            truncated = bool(dones[i]) and bool(next_infos[i].get("truncated", False))
+            turns[i].append(
+                Turn(
+                    prompt_ids=batch_prompts[k],
+                    response_ids=list(g.token_ids),
+                    behaviour_logprobs=list(g.logprobs),
+                    action=parsed[i][0],
+                    valid=parsed[i][1],
+                    anchor_obs=infos[i]["anchor"],
+                    outcome_reward=float(rewards[i]),
+                    process_reward=float(next_infos[i]["process_reward"]),
+                    done=bool(dones[i]),
+                    truncated=truncated,
+                )  # fmt: skip
+            )
+            histories[i].append((obs[i], parsed[i][0]))
+            obs[i], infos[i] = next_obs[i], next_infos[i]
+            active[i] = not dones[i]
+            if truncated:
+                next_prompts[i] = encode(i)
+    trajectories = []
+    for i in range(n):
+        won = bool(infos[i]["won"])
+        trajectories.append(
+            Trajectory(
+                task_seed=seeds[i],
+                group_id=seeds[i],
+                turns=turns[i],
+                won=won,
+                task_type=task_types[i],
+                outcome_return=outcome_scale * float(won),
+                process_return=float(sum(t.process_reward for t in turns[i])),
+                sampler=sampler,
+                iteration=iteration,
+                next_prompt_ids=next_prompts[i],
+            )  # fmt: skip
+        )
+    stats = {"env_steps": sum(len(t) for t in turns), "gen_tokens": gen_tokens, "gen_s": gen_time}
+    return trajectories, stats
+
+
+def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
+    """Consecutive index chunks whose token count stays within budget (sum of lengths, or rows x max length when
+    padded); a row longer than the budget gets a chunk of its own."""
+    chunks, cur, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        longest_new = max(longest, n)
+        cost = longest_new * (len(cur) + 1) if padded else sum(lengths[j] for j in cur) + n
+        if cur and cost > budget:
+            chunks.append(cur)
+            cur, longest_new = [], n
+        cur.append(i)
+        longest = longest_new
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for k, s in enumerate(seqs):
+        ids[k, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[k, : len(s)] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def critic_values(
+    critic, seqs: list[list[int]], prompt_lens: list[int], *, per_token: bool, pad_id, device, micro_batch_tokens,
+    autocast,
+) -> list[torch.Tensor]:  # fmt: skip
+    """Critic values of each sequence (prompt + response, the response may be empty): [1] at the last prompt
+    token, or with per_token [len(seq) - prompt_len] before every response token (entry 0 = last prompt token)."""
+    out: list[torch.Tensor] = [torch.zeros(0)] * len(seqs)
+    for chunk in pack_by_tokens([len(s) for s in seqs], micro_batch_tokens, padded=True):
+        ids, mask = right_pad([seqs[i] for i in chunk], pad_id, device)
+        with autocast():
+            v = critic(ids, mask).float()
+        plen = torch.tensor([prompt_lens[i] for i in chunk], device=device)
+        last = last_prompt_token_values(v, plen).cpu()
+        for k, i in enumerate(chunk):
+            out[i] = v[k, prompt_lens[i] - 1 : len(seqs[i]) - 1].cpu() if per_token else last[k : k + 1]
+    return out
+
+
+def ppo_advantages(
+    trajectories: list[Trajectory], critic, reward: Literal["outcome", "process"], *, estimator, gamma, lam,
+    outcome_scale, norm_adv, invalid_penalty, value_kw,
+) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], list[list[torch.Tensor]]]:  # fmt: skip
+    """Per trajectory and turn: token advantages [len(response)] (whitened over the batch's response tokens, then
+    the invalid-turn penalty), value targets and the critic's old values ([1] per turn, or per token)."""
+    per_token = estimator == "episode_return_token_gae"
+    seqs, plens = [], []
+    for t in trajectories:
+        for turn in t.turns:
+            seqs.append(turn.prompt_ids + (turn.response_ids if per_token else []))
+            plens.append(len(turn.prompt_ids))
+    values = iter(critic_values(critic, seqs, plens, per_token=per_token, **value_kw))
+    boot_seqs = [t.next_prompt_ids for t in trajectories if t.turns[-1].truncated and t.next_prompt_ids]
+    boot_seqs = [] if per_token else boot_seqs  # the per-turn variant has no bootstrap
+    boots = iter(critic_values(critic, boot_seqs, [len(s) for s in boot_seqs], per_token=False, **value_kw))
+
+    adv, ret, old_v = [], [], []
+    for t in trajectories:
+        r = turn_rewards(t, reward, outcome_scale)
+        v_turns = [next(values) for _ in t.turns]
+        if per_token:
+            # verl-agent: each turn is its own episode whose last token earns the whole episode return
+            a_t, r_t = [], []
+            for turn, v in zip(t.turns, v_turns):
+                token_r = torch.zeros(len(turn.response_ids))
+                if len(token_r):
+                    token_r[-1] = r.sum()
+                a, rt = compute_token_gae(token_r, v)
+                a_t.append(a)
+                r_t.append(rt)
+            adv.append(a_t)
+            ret.append(r_t)
+            old_v.append(v_turns)
+            continue
+        v = torch.cat(v_turns)
+        dones = torch.tensor([float(u.done and not u.truncated) for u in t.turns])
+        boot = next(boots).item() if (t.turns[-1].truncated and t.next_prompt_ids) else 0.0
+        a, rt = compute_turn_gae(r, v, dones, gamma, lam, bootstrap_value=boot)
+        adv.append([a[k].expand(len(u.response_ids)).clone() for k, u in enumerate(t.turns)])
+        ret.append([rt[k : k + 1] for k in range(len(t.turns))])
+        old_v.append([v[k : k + 1] for k in range(len(t.turns))])
+
+    if norm_adv:
+        flat = whiten(torch.cat([a for traj in adv for a in traj]))
+        sizes = [len(a) for traj in adv for a in traj]
+        chunks = iter(flat.split(sizes))
+        adv = [[next(chunks) for _ in traj] for traj in adv]
+    for t, a_traj in zip(trajectories, adv):
+        for k, turn in enumerate(t.turns):
+            if not turn.valid:
+                a_traj[k] = a_traj[k] - invalid_penalty
+    return adv, ret, old_v
+
+
+@dataclass
+class Row:
+    """One training row: a turn's prompt + response with its advantages, value targets and how it was sampled."""
+
+    input_ids: list[int]
+    prompt_len: int
+    behaviour_logprobs: list[float]
+    advantages: torch.Tensor  # [response_len]
+    returns: torch.Tensor  # [1] (value target at the last prompt token) or [response_len] (per token)
+    old_values: torch.Tensor  # same shape as returns
+    swapped: bool  # a buffered explorer turn: no KL / entropy / value loss on it
+    off_policy: bool  # sampled by another model than the one being trained: gets importance weights
+    iteration: int  # the iteration that sampled it
+    old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
+    ref_logprobs: Optional[torch.Tensor] = None
+    is_weights: Optional[torch.Tensor] = None
+
+
+def make_rows(trajectories, advantages, returns, old_values, off_policy: list[bool]) -> list[Row]:
+    rows = []
+    for traj, off, a_traj, r_traj, v_traj in zip(trajectories, off_policy, advantages, returns, old_values):
+        for turn, a, r, v in zip(traj.turns, a_traj, r_traj, v_traj):
+            if turn.response_ids:  # an empty response has no token to train on
+                rows.append(
+                    Row(
+                        input_ids=turn.prompt_ids + turn.response_ids,
+                        prompt_len=len(turn.prompt_ids),
+                        behaviour_logprobs=turn.behaviour_logprobs,
+                        advantages=a,
+                        returns=r,
+                        old_values=v,
+                        swapped=traj.sampler == "explorer",
+                        off_policy=off,
+                        iteration=traj.iteration,
+                    )  # fmt: skip
+                )
+    return rows
+
+
+def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded [b, T] ids and mask; [b, T-1] response mask and per-token fields (position t predicts t+1);
+    value_mask [b, T-1]: where the value loss reads the critic (the last prompt token, or every response position)."""
+    b, width = len(rows), max(len(r.input_ids) for r in rows)
+    out = {
+        "input_ids": torch.full((b, width), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((b, width), dtype=torch.long),
+        "response_mask": torch.zeros((b, width - 1), dtype=torch.bool),
+        "value_mask": torch.zeros((b, width - 1), dtype=torch.bool),
+    }
+    per_token = {
+        "behaviour": "behaviour_logprobs", "old": "old_logprobs", "ref": "ref_logprobs", "w": "is_weights",
+        "advantages": "advantages",
+    }  # fmt: skip
+    for key in (*per_token, "returns", "old_values"):
+        out[key] = torch.zeros((b, width - 1))
+    for k, r in enumerate(rows):
+        n, s = len(r.input_ids), r.prompt_len - 1
+        out["input_ids"][k, :n] = torch.tensor(r.input_ids)
+        out["attention_mask"][k, :n] = 1
+        out["response_mask"][k, s : n - 1] = True
+        for key, field in per_token.items():
+            value = getattr(r, field)
+            if value is not None:
+                out[key][k, s : n - 1] = torch.as_tensor(value, dtype=torch.float32)
+        m = len(r.returns)
+        out["value_mask"][k, s : s + m] = True
+        out["returns"][k, s : s + m] = r.returns
+        out["old_values"][k, s : s + m] = r.old_values
+    out["own"] = torch.tensor([not r.swapped for r in rows]).unsqueeze(1)
+    out["off_policy"] = torch.tensor([r.off_policy for r in rows]).unsqueeze(1)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+@torch.no_grad()
+def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
+    """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
+    was_training = model.training
+    model.eval()
+    for chunk in pack_by_tokens([len(r.input_ids) for r in rows], micro_batch_tokens, padded=True):
+        batch = collate([rows[i] for i in chunk], pad_id, device)
+        with autocast():
+            old, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
+            ref, _ = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature)
+        w = truncated_importance_weights(old, batch["behaviour"], is_cap, batch["off_policy"])
+        for k, i in enumerate(chunk):
+            m = batch["response_mask"][k]
+            rows[i].old_logprobs, rows[i].ref_logprobs, rows[i].is_weights = (
+                old[k][m].cpu(),
+                ref[k][m].cpu(),
+                w[k][m].cpu(),
+            )
+    model.train(was_training)
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def update(
+    model, optimizer, critic, critic_optimizer, rows, *, epochs, minibatch_tokens, micro_batch_tokens, clip_coef,
+    dual_clip, vf_clip, kl_coef, ent_coef, max_grad_norm, temperature, use_is_weights, pad_id, device, autocast,
+) -> dict[str, float]:  # fmt: skip
+    """PPO update: epochs x token-budget minibatches (one AdamW step each for policy and critic) x micro-batches.
+
+    Policy loss per minibatch = sum(policy token losses) / n_response_tokens
+                                + kl_coef * sum(k3 KL) / n_own_tokens - ent_coef * sum(entropy) / n_own_tokens;
+    value loss per minibatch  = sum(clipped value losses) / n_value_targets, over the own rows only
+    (own = sampled by the trained model; swapped explorer turns train the policy, not its critic).
+    """
+    model.train()
+    critic.train()
+    keys = ("policy_loss", "value_loss", "kl", "entropy", "approx_kl", "clip", "tokens", "own", "values")
+    sums = dict.fromkeys(keys, 0.0)
+    trained_tokens = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(rows)).tolist()
+        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
+            mb_rows = [rows[order[i]] for i in minibatch]
+            n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
+            n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
+            n_values = sum(len(r.returns) for r in mb_rows if not r.swapped)
+            optimizer.zero_grad(set_to_none=True)
+            critic_optimizer.zero_grad(set_to_none=True)
+            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
+                b = collate([mb_rows[i] for i in chunk], pad_id, device)
+                mask = b["response_mask"]
+                with autocast():
+                    logprobs, entropy = token_logprobs(
+                        model, b["input_ids"], b["attention_mask"], temperature, with_entropy=ent_coef != 0
+                    )
+                weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
+                pg_sum, n_clipped = policy_loss(
+                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=clip_coef, dual_clip=dual_clip
+                )
+                own = (mask & b["own"]).float()
+                kl_sum = (kl_k3(logprobs, b["ref"]) * own).sum()
+                ent_sum = (entropy * own).sum() if entropy is not None else torch.zeros((), device=device)
+                loss = pg_sum / n_tokens + kl_coef * kl_sum / n_own - ent_coef * ent_sum / n_own
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"policy loss = {loss.item()}")
+                loss.backward()
+                if n_values > 0 and bool(b["own"].any()):
+                    own_rows = b["own"].squeeze(1)
+                    with autocast():
+                        values = critic(b["input_ids"][own_rows], b["attention_mask"][own_rows]).float()[:, :-1]
+                    vm = b["value_mask"][own_rows]
+                    vf_sum = clipped_value_loss(
+                        values[vm], b["old_values"][own_rows][vm], b["returns"][own_rows][vm], vf_clip
+                    ).sum()
+                    if not torch.isfinite(vf_sum):
+                        raise NonFiniteLoss(f"value loss = {vf_sum.item()}")
+                    (vf_sum / n_values).backward()
+                    sums["value_loss"] += vf_sum.item()
+                    sums["values"] += int(vm.sum())
+                with torch.no_grad():
+                    log_ratio = (logprobs - b["old"])[mask]
+                    sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
+                sums["policy_loss"] += pg_sum.item()
+                sums["kl"] += kl_sum.item()
+                sums["entropy"] += ent_sum.item()
+                sums["clip"] += n_clipped.item()
+                sums["tokens"] += int(mask.sum())
+                sums["own"] += int(own.sum())
+                trained_tokens += int(b["attention_mask"].sum())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+            if n_values > 0:
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
+                critic_optimizer.step()
+    n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
+    stats = {
+        "policy_loss": sums["policy_loss"] / n,
+        "clip_frac": sums["clip"] / n,
+        "approx_kl": sums["approx_kl"] / n,
+        "trained_tokens": trained_tokens,
+    }
+    if sums["own"]:
+        stats["kl"] = sums["kl"] / n_own
+        if ent_coef != 0:
+            stats["entropy"] = sums["entropy"] / n_own
+    if sums["values"]:
+        stats["value_loss"] = sums["value_loss"] / sums["values"]
+    own_rows = [r for r in rows if not r.swapped]
+    if own_rows:
+        ev = explained_variance(torch.cat([r.old_values for r in own_rows]), torch.cat([r.returns for r in own_rows]))
+        if ev is not None:
+            stats["explained_variance"] = ev
+    return stats
+
+
+def evaluate(model, generator, tokenizer, make_envs, seeds, *, batch_size, temperature, rollout_kw) -> dict[str, float]:
+    """Held-out episodes (one per seed): success rate with its 95% interval, and success per task type."""
+    trajs: list[Trajectory] = []
+    for start in range(0, len(seeds), batch_size):
+        chunk = seeds[start : start + batch_size]
+        out, _ = rollout(
+            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, sampler="policy", iteration=-1,
+            temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, **rollout_kw,
+        )  # fmt: skip
+        trajs += out
+    success, success_ci = run.mean_ci95([float(t.won) for t in trajs])
+    metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
+    for task_type in sorted({t.task_type for t in trajs if t.task_type}):
+        metrics[f"eval/success_{task_type}"] = float(np.mean([t.won for t in trajs if t.task_type == task_type]))
+    return metrics
+
+
+def nonzero_outcome_group_share(trajectories: list[Trajectory], task_seeds: Sequence[int]) -> float:
+    """Share of this iteration's tasks with at least one successful trajectory among `trajectories`.
+
+    PPO has no group baseline (the critic gives every turn an advantage), so the GRPO notion "the group's
+    advantages are not all zero" becomes "the task has an outcome signal beyond the critic's prediction"."""
+    won = {s: False for s in task_seeds}
+    for t in trajectories:
+        if t.task_seed in won:
+            won[t.task_seed] = won[t.task_seed] or t.outcome_return != 0
+    return sum(won.values()) / max(1, len(won))
+
+
+def pearson(x: list[float], y: list[float]) -> Optional[float]:
+    """Correlation of two lists; None when either is constant (undefined)."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xa) < 2 or xa.std() == 0 or ya.std() == 0:
+        return None
+    return float(np.corrcoef(xa, ya)[0, 1])
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    swap = args.reward_mode == "swap"
+    args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
+    args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
+    if args.train_pool_size < args.tasks_per_iteration:
+        raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
+    if min(args.tasks_per_iteration, args.group_size, args.max_steps, args.num_eval_tasks) < 1:
+        raise SystemExit("--tasks-per-iteration, --group-size, --max-steps and --num-eval-tasks must be >= 1")
+    if swap and args.explorer_rollouts_per_task < 1:
+        raise SystemExit("--explorer-rollouts-per-task must be >= 1 in swap mode")
+    if args.explorer_sync_every < 1:
+        raise SystemExit("--explorer-sync-every must be >= 1")
+    run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
+    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    run.seed_everything(args.seed, args.torch_deterministic)
+
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+
+    def autocast():
+        # bf16 autocast on CUDA; fp32 on the CPU. Same code path on both.
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+    # Models: policy + critic, frozen reference (the initial policy), explorer + its own value head (swap mode)
+    policy, tokenizer = models.load_model(
+        args.model_name, env_name="alfworld", preset=args.env_preset, seed=args.seed, device=device
+    )
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.seed, device=device)
+    critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
+    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate)
+    explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
+    explorer_critic_lr = (
+        args.explorer_critic_learning_rate
+        if args.explorer_critic_learning_rate is not None
+        else args.critic_learning_rate
+    )
+    explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
+    explorer = copy.deepcopy(policy) if swap else None
+    # The explorer's value head is its own (trained on process returns) and is kept across weight syncs.
+    explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device) if swap else None
+    explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
+    explorer_critic_optimizer = torch.optim.AdamW(explorer_critic.parameters(), lr=explorer_critic_lr) if swap else None
+    buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
+    short = models.is_tiny(args.model_name)
+    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
+    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
+    gen_kw: dict = {"batch_size": args.generation_batch_size}
+    if args.rollout_backend == "vllm":
+        # vLLM starts from a save_pretrained folder of the initial policy; later weights are pushed in memory.
+        gen_kw = {"model_path": str(logger.dir / "initial_policy")}
+        policy.save_pretrained(gen_kw["model_path"])
+        tokenizer.save_pretrained(gen_kw["model_path"])
+    generator = generation.make_generator(args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, **gen_kw)
+    pad_id = tokenizer.pad_token_id
+    rollout_kw = dict(
+        history_len=args.history_len, short=short, max_prompt_tokens=max_prompt_tokens,
+        outcome_scale=args.outcome_scale, autocast=autocast,
+    )  # fmt: skip
+    env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)
+    env_pool: dict[int, cenvs.LockstepEnvs] = {}
+
+    def make_envs(n: int) -> cenvs.LockstepEnvs:
+        if n not in env_pool:
+            env_pool[n] = cenvs.LockstepEnvs("alfworld", n, **env_kw)
+        return env_pool[n]
+
+    train_pool = cenvs.split_seeds("alfworld", "train", args.train_pool_size, backend=args.env_backend)
+    eval_seeds = cenvs.split_seeds("alfworld", args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+
+    # Resume
+    start_iteration, env_steps = 1, 0
+    modules = {"policy": policy, "critic": critic, "ref": ref_model}
+    optimizers = {"policy": optimizer, "critic": critic_optimizer}
+    if swap:
+        modules.update(explorer=explorer, explorer_critic=explorer_critic)
+        optimizers.update(explorer=explorer_optimizer, explorer_critic=explorer_critic_optimizer)
+    if args.resume:
+        state = logger.load_checkpoint(modules, optimizers)
+        if not state:
+            raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
+        start_iteration = state["iteration"] + 1
+        env_steps = state["extra"]["env_steps"]
+        buffer.load_state_dict(state["extra"]["buffer"])
+        print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
+
+    def save(iteration: int):
+        extra = {"env_steps": env_steps, "buffer": buffer.state_dict()}
+        return logger.save_checkpoint(iteration, modules, optimizers, extra=extra)
+
+    def run_eval(iteration: int) -> dict[str, float]:
+        metrics = evaluate(
+            policy, generator, tokenizer, make_envs, eval_seeds, batch_size=args.eval_batch_size,
+            temperature=args.eval_temperature, rollout_kw=rollout_kw,
+        )  # fmt: skip
+        print(f"iter {iteration}: eval ({args.eval_split}) success {metrics['eval/success_rate']:.3f}")
+        return metrics
+
+    if args.eval_only:
+        it = start_iteration - 1
+        logger.log({"iteration": it, "env_steps": env_steps, **run_eval(it)}, step=it)
+        logger.close()
+        raise SystemExit(0)
+    if args.eval_at_start and start_iteration == 1:
+        logger.log({"iteration": 0, "env_steps": 0, **run_eval(0)}, step=0)
+
+    update_kw = dict(
+        minibatch_tokens=args.minibatch_tokens, micro_batch_tokens=args.micro_batch_tokens, clip_coef=args.clip_coef,
+        dual_clip=args.dual_clip, vf_clip=args.vf_clip, kl_coef=args.kl_coef, ent_coef=args.ent_coef,
+        max_grad_norm=args.max_grad_norm, temperature=args.temperature,
+        use_is_weights=args.off_policy_correction == "tis", pad_id=pad_id, device=device, autocast=autocast,
+    )  # fmt: skip
+    prepare_kw = dict(
+        temperature=args.temperature, is_cap=args.is_cap, pad_id=pad_id, device=device,
+        micro_batch_tokens=args.micro_batch_tokens, autocast=autocast,
+    )  # fmt: skip
+    value_kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=args.micro_batch_tokens, autocast=autocast)
+    adv_kw = dict(
+        estimator=args.advantage_estimator, gamma=args.gamma, lam=args.gae_lambda, outcome_scale=args.outcome_scale,
+        norm_adv=args.norm_adv, invalid_penalty=args.invalid_penalty, value_kw=value_kw,
+    )  # fmt: skip
+    policy_reward = "process" if args.reward_mode == "process" else "outcome"
+    iteration = start_iteration - 1
+    for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
+        warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
+        for opt, lr in ((optimizer, args.learning_rate), (critic_optimizer, args.critic_learning_rate)):
+            for group in opt.param_groups:
+                group["lr"] = lr * warmup
+        metrics: dict[str, float] = {"iteration": iteration}
+
+        # ROLLOUT: B tasks x G_on policy rollouts
+        t_rollout = time.perf_counter()
+        task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+        batch, rstats = rollout(
+            policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
+            sampler="policy", iteration=iteration, temperature=args.temperature, greedy=False, **rollout_kw,
+        )  # fmt: skip
+        env_steps += rstats["env_steps"]
+        gen_tokens, gen_s = rstats["gen_tokens"], rstats["gen_s"]
+        rollout_s = time.perf_counter() - t_rollout
+        update_s, trained_tokens = 0.0, 0
+
+        try:
+            # THE SWAP (RSPO): explorer PPO step on the process reward, explorer rollouts, swap to outcome, buffer
+            train_trajs = batch
+            if swap:
+                t0 = time.perf_counter()
+                synced = (iteration - 1) % args.explorer_sync_every == 0
+                if synced:
+                    explorer.load_state_dict(policy.state_dict())
+                for opt, lr in ((explorer_optimizer, explorer_lr), (explorer_critic_optimizer, explorer_critic_lr)):
+                    for group in opt.param_groups:
+                        group["lr"] = lr * warmup
+                # The explorer's own value head gives the values of its process-reward GAE.
+                e_adv, e_ret, e_val = ppo_advantages(batch, explorer_critic, "process", **adv_kw)
+                # When the explorer was not just synced, the policy's batch is off-policy for it.
+                explorer_rows = make_rows(batch, e_adv, e_ret, e_val, off_policy=[not synced] * len(batch))
+                prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                estats = update(
+                    explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
+                    epochs=explorer_epochs, **update_kw,
+                )  # fmt: skip
+                update_s += time.perf_counter() - t0
+                trained_tokens += estats["trained_tokens"]
+                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+
+                t0 = time.perf_counter()
+                extra, xstats = rollout(
+                    explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
+                    args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
+                    temperature=args.temperature, greedy=False, **rollout_kw,
+                )  # fmt: skip
+                env_steps += xstats["env_steps"]
+                gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
+                rollout_s += time.perf_counter() - t0
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
+                buffer.add(swap_rewards(extra), iteration)
+                train_trajs = batch + buffer.sample(task_seeds, iteration, args.buffer_extra_other_tasks)
+                metrics["buffer/size"] = len(buffer)
+                metrics["buffer/sampled"] = len(train_trajs) - len(batch)
+
+            # ADVANTAGES: turn-level GAE with the POLICY's critic, for its own and the swapped turns alike
+            t0 = time.perf_counter()
+            adv, ret, old_v = ppo_advantages(train_trajs, critic, policy_reward, **adv_kw)
+            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_outcome_group_share(batch, task_seeds)
+            if swap:
+                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_outcome_group_share(train_trajs, task_seeds)
+
+            # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
+            rows = make_rows(train_trajs, adv, ret, old_v, off_policy=[t.sampler == "explorer" for t in train_trajs])
+            prepare_rows(policy, ref_model, rows, **prepare_kw)
+            swapped_rows = [r for r in rows if r.swapped]
+            if swapped_rows:
+                w = torch.cat([r.is_weights for r in swapped_rows])
+                metrics.update(
+                    {
+                        f"is_weight/{k}": v
+                        for k, v in importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool)).items()
+                    }
+                )
+                # KL(explorer || policy) on this iteration's explorer tokens: k3 with ratio pi_policy / pi_explorer.
+                fresh = [r for r in swapped_rows if r.iteration == iteration]
+                if fresh:
+                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
+                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
+                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
+            pstats = update(policy, optimizer, critic, critic_optimizer, rows, epochs=args.update_epochs, **update_kw)
+            update_s += time.perf_counter() - t0
+            trained_tokens += pstats["trained_tokens"]
+        except NonFiniteLoss as err:
+            path = save(iteration - 1)
+            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint saved to {path}") from None
+
+        # LOGGING (training curve from the policy's own rollouts only)
+        outcome = [t.outcome_return for t in batch]
+        process = [t.process_return for t in batch]
+        metrics.update(
+            {
+                "env_steps": env_steps,
+                "train/success_rate": float(np.mean([t.won for t in batch])),
+                "train/outcome_return": float(np.mean(outcome)),
+                "train/process_return": float(np.mean(process)),
+                "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
+                "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
+                "train/truncated_rate": float(np.mean([t.turns[-1].truncated for t in batch])),
+                "losses/policy_loss": pstats["policy_loss"],
+                "losses/clip_frac": pstats["clip_frac"],
+                "losses/approx_kl": pstats["approx_kl"],
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "perf/rollout_s": rollout_s,
+                "perf/update_s": update_s,
+                "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                "perf/train_tokens_per_s": trained_tokens / max(update_s, 1e-9),
+            }
+        )
+        for k in ("kl", "entropy", "value_loss", "explained_variance"):
+            if k in pstats:
+                metrics[f"losses/{k}"] = pstats[k]
+        corr = pearson(process, outcome)
+        if corr is not None:
+            metrics["train/process_outcome_corr"] = corr
+        last = iteration == args.num_iterations
+        if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
+            metrics.update(run_eval(iteration))
+        logger.log(metrics, step=iteration)
+        if last or iteration % args.checkpoint_every == 0:
+            save(iteration)
+
+    if args.save_model:
+        policy.save_pretrained(logger.dir / "model")
+        tokenizer.save_pretrained(logger.dir / "model")
+        torch.save(critic.state_dict(), logger.dir / "critic.pt")
+    logger.close()
