@@ -1,0 +1,1122 @@
+"""RSPO with GiGPO (group-in-group policy optimisation) on WebShop or ALFWorld. Docs: docs/rspo_gigpo.md
+
+GiGPO adds step-level credit to GRPO: inside a task group, turns that start from the same environment state
+(the anchor state) form a step group across trajectories and time steps, and their discounted step returns are
+compared with each other. The advantage of a turn is A = A^E + w * A^S (episode advantage plus step advantage).
+RSPO (reward swap) trains an explorer copy of the policy on dense process rewards, lets it play the same tasks,
+swaps its trajectories' rewards back to the outcome and adds them to their task's groups (episode groups and
+anchor-state groups) in the policy's outcome-reward update. `--reward-mode outcome|process` runs the baselines.
+"""
+
+import copy
+import dataclasses
+import difflib
+import os
+import random
+import sys
+import time
+from collections import deque
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+import tyro
+
+from common import envs as cenvs
+from common import generation, models, prompts, run
+
+
+@dataclass
+class Args:
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment (tasks, sampling, the tiny model's warm start)"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True` and deterministic algorithms"""
+    cuda: bool = True
+    """if toggled, CUDA is used when available (bf16 autocast); otherwise the CPU in fp32"""
+    track: bool = False
+    """if toggled, the run is tracked with Weights and Biases"""
+    wandb_project_name: str = "rspo"
+    """the wandb project name"""
+    wandb_entity: str | None = None
+    """the entity (team) of the wandb project"""
+    save_model: bool = True
+    """whether to save the final policy (save_pretrained) into the run folder"""
+
+    # Environment
+    env: Literal["alfworld", "webshop"] = "alfworld"
+    """the benchmark"""
+    env_backend: Literal["embedded", "real"] = "embedded"
+    """`embedded`: the pure-Python replica; `real`: the original environment (installed separately)"""
+    env_preset: Literal["small", "default"] = "small"
+    """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
+    max_steps: int | None = None
+    """environment steps per episode (None: WebShop 15; ALFWorld 50, or 20 for the embedded small preset, whose
+    expert needs at most 10)"""
+    history_len: int = 2
+    """previous (observation, action) pairs shown in each turn's prompt"""
+    max_prompt_tokens: int = 1024
+    """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
+
+    # Model and rollout
+    model_name: str = "tiny"
+    """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
+    rollout_backend: Literal["hf", "vllm"] = "hf"
+    """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
+    generation_batch_size: int | None = None
+    """prompts per HF generate call (None: all active envs at once)"""
+    temperature: float = 1.0
+    """sampling temperature of training rollouts (old log-probs are recomputed at the same temperature)"""
+    max_new_tokens: int = 24
+    """response budget per turn in tokens"""
+
+    # Algorithm specific arguments
+    num_iterations: int = 30
+    """training iterations (one rollout batch and one update each)"""
+    tasks_per_iteration: int = 4
+    """B: tasks (GiGPO episode groups) per iteration"""
+    group_size: int = 4
+    """G_on: policy rollouts per task"""
+    learning_rate: float = 2e-4
+    """policy learning rate (the tiny model; paper-scale runs use 1e-6)"""
+    warmup_iterations: int = 0
+    """linear learning-rate warm-up over this many iterations (then constant)"""
+    update_epochs: int = 1
+    """passes over the batch per policy update"""
+    minibatch_tokens: int = 16384
+    """token budget of one optimiser step (sum of prompt+response lengths of its turns)"""
+    micro_batch_tokens: int = 4096
+    """token budget of one forward/backward (padded rows x length); gradients accumulate over micro-batches"""
+    gamma: float = 0.95
+    """discount of the GiGPO step returns R_t = sum_k gamma^k r_{t+k}"""
+    step_adv_weight: float = 1.0
+    """w in A = A^E + w * A^S"""
+    norm_adv_by_std: bool | None = None
+    """divide episode and step advantages by their group's std (None: ALFWorld yes, WebShop no; the flags
+    `--norm-adv-by-std` / `--no-norm-adv-by-std` are accepted)"""
+    similarity_thresh: float | None = None
+    """group similar anchor states (difflib ratio >= this, greedy to a group's first anchor) instead of identical"""
+    clip_coef: float = 0.2
+    """surrogate clipping coefficient epsilon"""
+    dual_clip: float = 3.0
+    """dual-clip constant c: for negative advantages the loss is at most -c * A"""
+    kl_coef: float = 0.01
+    """coefficient of the k3 KL to the frozen initial policy"""
+    ent_coef: float = 0.001
+    """coefficient of the entropy bonus"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    outcome_scale: float = 10.0
+    """outcome return R = outcome_scale * success (paid as the reward of the solving turn)"""
+    invalid_penalty: float = 0.1
+    """subtracted from the advantage of a turn whose response has no parsable <action>...</action>"""
+
+    # RSPO (reward swap)
+    reward_mode: Literal["swap", "outcome", "process"] = "swap"
+    """`swap`: RSPO; `outcome`: GiGPO on the outcome reward; `process`: GiGPO on the process reward"""
+    explorer_rollouts_per_task: int = 4
+    """G_off: explorer rollouts per task (swap mode)"""
+    explorer_sync_every: int = 1
+    """copy the policy's weights into the explorer every this many iterations (1: every iteration)"""
+    explorer_learning_rate: float | None = None
+    """explorer learning rate (None: --learning-rate)"""
+    explorer_update_epochs: int | None = None
+    """explorer update epochs (None: --update-epochs)"""
+    off_policy_correction: Literal["tis", "none"] = "tis"
+    """`tis`: weight explorer tokens by min(pi_old / pi_explorer, is_cap); `none`: weight 1"""
+    is_cap: float = 2.0
+    """cap C of the truncated importance weights"""
+    buffer_capacity: int = 256
+    """replay buffer capacity (explorer trajectories, FIFO)"""
+    buffer_max_age: int = 10
+    """iterations a buffered trajectory stays usable (0: only this iteration's)"""
+    train_pool_size: int = 32
+    """training tasks are drawn from the first this-many train seeds, so that tasks recur"""
+
+    # Evaluation and checkpoints
+    eval_every: int = 5
+    """evaluate every this many iterations (and after the last; 0: only after the last)"""
+    eval_at_start: bool = True
+    """also evaluate the initial policy (logged at iteration 0)"""
+    num_eval_tasks: int = 50
+    """held-out tasks (the first seeds of --eval-split)"""
+    eval_split: str | None = None
+    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`)"""
+    eval_temperature: float = 0.0
+    """evaluation sampling temperature (0: greedy)"""
+    eval_batch_size: int = 64
+    """evaluation episodes played in lockstep at once"""
+    checkpoint_every: int = 1
+    """save runs/{run}/checkpoints/latest.pt every this many iterations (and at the end)"""
+    runs_dir: str = "runs"
+    """folder of the run folders"""
+    resume: str | None = None
+    """a run folder: continue from its latest checkpoint (same flags)"""
+    eval_only: bool = False
+    """evaluate the policy (the --resume checkpoint, else the initial model) and exit"""
+
+    # to be filled in runtime
+    num_policy_rollouts: int = 0
+    """B * G_on"""
+    num_explorer_rollouts: int = 0
+    """B * G_off in swap mode, else 0"""
+
+
+# ALGO LOGIC: advantages, losses, the swap and the replay buffer (pure functions, nothing reads args)
+
+
+def _keys(ids) -> list:
+    """Ids as a list of hashable values (an integer tensor becomes its Python ints)."""
+    return ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+
+
+def _members(keys: list) -> dict:
+    """key -> list of row indices, in order of first appearance."""
+    groups: dict = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    return groups
+
+
+def compute_grpo_advantages(
+    returns: torch.Tensor, group_ids, norm_by_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO advantage of each row against the other rows of its group.
+
+    returns: [N] float, one return per row; group_ids: N hashable values or an [N] integer tensor.
+    A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), std unbiased (torch.std default);
+    norm_by_std=False drops the division. A singleton group gives A = R (mean 0, std 1). Returns [N].
+    """
+    returns = returns.float()
+    adv = torch.empty_like(returns)
+    for idx in _members(_keys(group_ids)).values():
+        idx_t = torch.tensor(idx, device=returns.device)
+        r = returns[idx_t]
+        if len(idx) == 1:
+            adv[idx_t] = r
+            continue
+        a = r - r.mean()
+        if norm_by_std:
+            a = a / (r.std() + eps)
+        adv[idx_t] = a
+    return adv
+
+
+def compute_episode_advantages(
+    episode_returns: torch.Tensor, group_ids, traj_ids, norm_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """GiGPO episode advantage A^E: GRPO over the trajectories of each task group, broadcast to their turns.
+
+    All inputs one entry per turn: episode_returns [N] (the trajectory's return, equal on all its turns),
+    group_ids, traj_ids (N hashable values or [N] integer tensors). Each trajectory counts once in its group's
+    mean and std, however many turns it has. Returns [N].
+    """
+    groups, trajs = _keys(group_ids), _keys(traj_ids)
+    first_turn = {}
+    for i, t in enumerate(trajs):
+        if t not in first_turn:
+            first_turn[t] = i
+        elif groups[i] != groups[first_turn[t]]:
+            raise ValueError(
+                f"trajectory {t!r} has turns in two task groups ({groups[first_turn[t]]!r}, {groups[i]!r})"
+            )
+        elif episode_returns[i] != episode_returns[first_turn[t]]:
+            raise ValueError(f"trajectory {t!r} has different episode returns on its turns")
+    order = list(first_turn)
+    rows = torch.tensor([first_turn[t] for t in order], device=episode_returns.device)
+    traj_adv = compute_grpo_advantages(episode_returns[rows], [groups[first_turn[t]] for t in order], norm_by_std, eps)
+    position = {t: k for k, t in enumerate(order)}
+    return traj_adv[torch.tensor([position[t] for t in trajs], device=episode_returns.device)]
+
+
+def build_step_groups(group_ids, anchor_obs: list[str], similarity_thresh: float | None = None) -> torch.Tensor:
+    """Step-group index of every turn: turns of the same task group with the same anchor state share one.
+
+    group_ids: N hashable values or an [N] integer tensor; anchor_obs: N strings. Time steps and trajectories
+    do not matter, only (task group, anchor). With similarity_thresh=s: turns are visited in order; a turn joins
+    the first existing step group of its task group whose representative (the anchor of the group's first turn)
+    has difflib.SequenceMatcher(None, representative, anchor).ratio() >= s, else it founds a new group.
+    Identical anchors always share a group. Returns an [N] long tensor, groups numbered 0..K-1 in order of
+    first appearance.
+    """
+    groups = _keys(group_ids)
+    if len(groups) != len(anchor_obs):
+        raise ValueError(f"{len(groups)} group ids but {len(anchor_obs)} anchors")
+    index: dict = {}  # (task group, anchor) -> step group
+    representatives: dict = {}  # task group -> [(anchor, step group), ...] in creation order
+    out: list[int] = []
+    num_groups = 0
+    for g, anchor in zip(groups, anchor_obs):
+        key = (g, anchor)
+        if key not in index:
+            found = None
+            if similarity_thresh is not None:
+                for rep, k in representatives.get(g, []):
+                    if difflib.SequenceMatcher(None, rep, anchor).ratio() >= similarity_thresh:
+                        found = k
+                        break
+            if found is None:
+                found, num_groups = num_groups, num_groups + 1
+                representatives.setdefault(g, []).append((anchor, found))
+            index[key] = found
+        out.append(index[key])
+    return torch.tensor(out, dtype=torch.long)
+
+
+def compute_step_advantages(
+    step_returns: torch.Tensor, step_group_ids: torch.Tensor, norm_by_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """GiGPO step advantage A^S over step groups.
+
+    step_returns: [N] discounted returns R_{i,t}; step_group_ids: [N] (from build_step_groups).
+    A^S_{i,t} = R_{i,t} - mean_{(j,k) in s(i,t)} R_{j,k}, divided by (std + eps) when norm_by_std (unbiased std);
+    every turn of the step group counts (a state visited twice by one trajectory counts twice).
+    A singleton step group gives 0. Returns [N].
+    """
+    step_returns = step_returns.float()
+    adv = torch.zeros_like(step_returns)
+    for idx in _members(_keys(step_group_ids)).values():
+        if len(idx) == 1:
+            continue
+        idx_t = torch.tensor(idx, device=step_returns.device)
+        r = step_returns[idx_t]
+        a = r - r.mean()
+        if norm_by_std:
+            a = a / (r.std() + eps)
+        adv[idx_t] = a
+    return adv
+
+
+def compute_gigpo_advantages(
+    episode_returns: torch.Tensor,
+    step_returns: torch.Tensor,
+    group_ids,
+    traj_ids,
+    anchor_obs: list[str],
+    step_weight: float = 1.0,
+    norm_by_std: bool = False,
+    eps: float = 1e-6,
+    similarity_thresh: float | None = None,
+    return_components: bool = False,
+):
+    """GiGPO advantage of every turn: A_{i,t} = A^E_i + step_weight * A^S_{i,t}.
+
+    All inputs one entry per turn (N turns of all trajectories of the batch, any order, a trajectory's turns in
+    time order): episode_returns [N] (trajectory return on each of its turns), step_returns [N] (R_{i,t} =
+    sum_k gamma^k r_{i,t+k}, see compute_discounted_step_returns), group_ids (task group) and traj_ids: N
+    hashable values or [N] integer tensors, anchor_obs: N anchor-state strings.
+    A^E: compute_episode_advantages (GRPO over the trajectories of a task group, each once).
+    A^S: compute_step_advantages over build_step_groups(group_ids, anchor_obs, similarity_thresh): identical
+    (or similar) anchors within a task group, across trajectories and time steps; singleton groups give 0.
+    Returns [N]; with return_components=True a tuple (A [N], A^E [N], A^S [N], step_group_ids [N] long).
+    """
+    n = len(episode_returns)
+    if not (len(step_returns) == len(_keys(group_ids)) == len(_keys(traj_ids)) == len(anchor_obs) == n):
+        raise ValueError("episode_returns, step_returns, group_ids, traj_ids and anchor_obs need one entry per turn")
+    episode_adv = compute_episode_advantages(episode_returns, group_ids, traj_ids, norm_by_std, eps)
+    step_group_ids = build_step_groups(group_ids, anchor_obs, similarity_thresh)
+    step_adv = compute_step_advantages(step_returns, step_group_ids.to(step_returns.device), norm_by_std, eps)
+    adv = episode_adv + step_weight * step_adv
+    if return_components:
+        return adv, episode_adv, step_adv, step_group_ids
+    return adv
+
+
+def compute_discounted_step_returns(rewards: torch.Tensor, traj_ids, gamma: float = 0.95) -> torch.Tensor:
+    """Discounted return of every turn within its trajectory: R_{i,t} = sum_{k>=0} gamma^k r_{i,t+k}.
+
+    rewards: [N] per-turn rewards; traj_ids: N hashable values or an [N] integer tensor. The turns of one
+    trajectory appear in time order (they need not be contiguous). Returns [N].
+    """
+    rewards = rewards.float()
+    out = torch.empty_like(rewards)
+    for idx in _members(_keys(traj_ids)).values():
+        running = rewards.new_zeros(())
+        for i in reversed(idx):
+            running = rewards[i] + gamma * running
+            out[i] = running
+    return out
+
+
+def token_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
+
+    input_ids, attention_mask: [B, T] (any padding side: position ids follow the attention mask, as in
+    generation with left padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None, float32.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    logits = logits.logits[:, :-1].float() / temperature
+    log_z = torch.logsumexp(logits, dim=-1)
+    logprobs = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else None
+    return logprobs, entropy
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    is_weights: torch.Tensor,
+    clip_coef: float = 0.2,
+    dual_clip: float = 3.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clipped surrogate with dual clip, weighted by (detached) importance weights, summed over response tokens.
+
+    logprobs, old_logprobs, response_mask (bool), is_weights: [B, T]; advantages: [B], [B, 1] or [B, T].
+    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A)
+    (dual clip, c = dual_clip > 1; 0 disables it); token loss = w * l. Returns (sum of token losses over the
+    mask, number of masked tokens where the clipped term was taken); the caller divides the sum by the
+    minibatch's response-token count (token-mean, unchanged by gradient accumulation).
+    """
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    mask = response_mask.bool()
+    advantages = advantages.expand_as(logprobs)
+    ratio = torch.exp(logprobs - old_logprobs)
+    loss_unclipped = -advantages * ratio
+    loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
+    loss = torch.maximum(loss_unclipped, loss_clipped)
+    if dual_clip > 1.0:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    clipped = ((loss_clipped > loss_unclipped) & mask).sum()
+    return (is_weights.detach() * loss * mask.to(loss.dtype)).sum(), clipped
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref) from samples of pi: exp(ref - lp) - (ref - lp) - 1 (>= 0)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+def truncated_importance_weights(
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor | None = None
+) -> torch.Tensor:
+    """w = min(pi_old / pi_behaviour, cap) = min(exp(old - behaviour), cap) per token, detached.
+
+    old_logprobs, behaviour_logprobs: [B, T]; off_policy: None (all tokens) or a bool mask broadcastable to
+    [B, T] (rows sampled by another model); other tokens get w = 1 (the trained model's own samples).
+    """
+    w = torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
+    if off_policy is not None:
+        w = torch.where(off_policy, w, torch.ones_like(w))
+    return w.detach()
+
+
+def importance_weight_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Distribution of the weights over the masked tokens: mean, share below 0.1 and the normalised effective
+    sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1]. Empty dict when the mask is empty."""
+    w = weights[mask.bool()].double()
+    if w.numel() == 0:
+        return {}
+    return {
+        "mean": w.mean().item(),
+        "frac_below_0.1": (w < 0.1).double().mean().item(),
+        "ess": (w.sum() ** 2 / (w.numel() * (w**2).sum())).item(),
+    }
+
+
+@dataclass
+class Turn:
+    """One turn: a training row (prompt -> response) and what the environment answered."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behaviour_logprobs: list[float]  # log pi_behaviour(token) at the sampling temperature, one per response id
+    action: str  # what the environment received
+    valid: bool  # the response had a parsable <action>...</action>
+    anchor_obs: str  # info["anchor"] of the state the turn acted in: the GiGPO step-group key
+    outcome_reward: float  # env reward of the step (1.0 on the solving step)
+    process_reward: float | None  # info["process_reward"]; None once swapped
+    done: bool
+    truncated: bool
+
+
+@dataclass
+class Trajectory:
+    task_seed: int
+    group_id: int  # the task seed: every rollout of a task is in one episode group (and its step groups)
+    turns: list[Turn]
+    won: bool
+    task_score: float  # WebShop purchase reward R in [0, 1] (0 without a purchase); ALFWorld: won
+    outcome_return: float  # outcome_scale * won
+    process_return: float | None  # sum of the turns' process rewards; None once swapped
+    sampler: str  # "policy" or "explorer"
+    iteration: int  # the iteration that sampled it
+
+
+def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
+    """THE SWAP: copies of the (explorer) trajectories that keep only their outcome reward.
+
+    Process rewards (per turn and the return) are removed (set to None), so nothing derived from the dense
+    reward can reach the policy's update: an accidental use fails loudly instead of training on it.
+    """
+    swapped = []
+    for traj in trajectories:
+        turns = [dataclasses.replace(t, process_reward=None) for t in traj.turns]
+        swapped.append(dataclasses.replace(traj, turns=turns, process_return=None))
+    return swapped
+
+
+def turn_rewards(
+    trajectories: list[Trajectory], reward: Literal["outcome", "process"], outcome_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(episode return per turn [M], per-turn reward [M]) of the flattened turns, on the outcome or process reward.
+
+    outcome: episode return = outcome_return, turn reward = outcome_scale * env reward (non-zero only at the
+    solving turn, so the undiscounted sum is the outcome return); process: process_return and the turns'
+    process rewards (a swapped trajectory has none: ValueError).
+    """
+    episode, rewards = [], []
+    for traj in trajectories:
+        for turn in traj.turns:
+            if reward == "outcome":
+                episode.append(traj.outcome_return)
+                rewards.append(outcome_scale * turn.outcome_reward)
+            elif traj.process_return is None or turn.process_reward is None:
+                raise ValueError("a swapped trajectory has no process reward: it can only be trained on its outcome")
+            else:
+                episode.append(traj.process_return)
+                rewards.append(turn.process_reward)
+    return torch.tensor(episode, dtype=torch.float32), torch.tensor(rewards, dtype=torch.float32)
+
+
+class ReplayBuffer:
+    """FIFO of swapped explorer trajectories (task id, outcome return and behaviour log-probs are inside each).
+
+    capacity: the oldest entries leave first; max_age: an entry added at iteration j is usable while
+    iteration - j <= max_age (0: only in the iteration that added it).
+    """
+
+    def __init__(self, capacity: int, max_age: int):
+        if capacity < 1 or max_age < 0:
+            raise ValueError(f"buffer capacity must be >= 1 and max age >= 0, got {capacity} and {max_age}")
+        self.capacity, self.max_age = capacity, max_age
+        self.entries: deque[tuple[int, Trajectory]] = deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, trajectories: list[Trajectory], iteration: int) -> None:
+        if any(t.process_return is not None for t in trajectories):
+            raise ValueError("only swapped trajectories (outcome reward only) enter the replay buffer")
+        self.entries.extend((iteration, t) for t in trajectories)
+
+    def sample(self, task_ids, iteration: int) -> list[Trajectory]:
+        """The stored trajectories of these tasks that are at most max_age iterations old (expired ones leave)."""
+        self.entries = deque(((j, t) for j, t in self.entries if iteration - j <= self.max_age), maxlen=self.capacity)
+        tasks = set(_keys(task_ids))
+        return [t for _, t in self.entries if t.task_seed in tasks]
+
+    def state_dict(self) -> dict:
+        return {"entries": [(j, dataclasses.asdict(t)) for j, t in self.entries]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = deque(maxlen=self.capacity)
+        for j, t in state["entries"]:
+            turns = [Turn(**turn) for turn in t["turns"]]
+            self.entries.append((j, Trajectory(**{**t, "turns": turns})))
+
+
+# Script plumbing: rollout, GiGPO advantages of a batch, training rows, update, evaluation
+
+
+def rollout(
+    model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
+    history_len, short, max_prompt_tokens, outcome_scale, autocast,
+) -> tuple[list[Trajectory], dict]:  # fmt: skip
+    """Play len(task_seeds) * group_size episodes in lockstep (group = same seed), one batched generate per turn.
+
+    Records per turn the prompt/response ids, behaviour log-probs, the anchor state the turn acted in and both
+    rewards. A response without a parsable action is an invalid turn; the env gets it verbatim and answers as
+    the original does (ALFWorld `Nothing happens.`, WebShop the same page; the anchor stays put).
+    """
+    seeds = cenvs.group_seeds(list(task_seeds), group_size)
+    n = len(seeds)
+    obs, infos = envs.reset(seeds)
+    histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]
+    turns: list[list[Turn]] = [[] for _ in range(n)]
+    active = [True] * n
+    gen_tokens, gen_time = 0, 0.0
+    while any(active):
+        idx = [i for i in range(n) if active[i]]
+        batch_prompts = [
+            prompts.encode_prompt(
+                tokenizer,
+                infos[i]["task"],
+                obs[i],
+                histories[i],
+                infos[i]["admissible_actions"],
+                history_len=history_len,
+                short=short,
+                max_prompt_tokens=max_prompt_tokens,
+            )  # fmt: skip
+            for i in idx
+        ]
+        t0 = time.perf_counter()
+        with autocast():
+            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
+        gen_time += time.perf_counter() - t0
+        actions: list[str | None] = [None] * n
+        parsed = {}
+        for k, i in enumerate(idx):
+            action, valid = prompts.parse_action(gens[k].text)
+            parsed[i] = (action if valid else gens[k].text, valid)
+            actions[i] = parsed[i][0]
+            gen_tokens += len(gens[k].token_ids)
+        next_obs, rewards, dones, next_infos = envs.step(actions)
+        for k, i in enumerate(idx):
+            g = gens[k]
+            if len(g.logprobs) != len(g.token_ids):
+                raise RuntimeError(f"generator returned {len(g.logprobs)} log-probs for {len(g.token_ids)} tokens")
+            turns[i].append(
+                Turn(
+                    prompt_ids=batch_prompts[k],
+                    response_ids=list(g.token_ids),
+                    behaviour_logprobs=list(g.logprobs),
+                    action=parsed[i][0],
+                    valid=parsed[i][1],
+                    anchor_obs=infos[i]["anchor"],
+                    outcome_reward=float(rewards[i]),
+                    process_reward=float(next_infos[i]["process_reward"]),
+                    done=bool(dones[i]),
+                    truncated=bool(next_infos[i].get("truncated", False)),
+                )  # fmt: skip
+            )
+            histories[i].append((obs[i], parsed[i][0]))
+            obs[i], infos[i] = next_obs[i], next_infos[i]
+            active[i] = not dones[i]
+    trajectories = []
+    for i in range(n):
+        won = bool(infos[i]["won"])
+        trajectories.append(
+            Trajectory(
+                task_seed=seeds[i],
+                group_id=seeds[i],
+                turns=turns[i],
+                won=won,
+                task_score=float(infos[i].get("task_score", float(won))),
+                outcome_return=outcome_scale * float(won),
+                process_return=float(sum(t.process_reward for t in turns[i])),
+                sampler=sampler,
+                iteration=iteration,
+            )  # fmt: skip
+        )
+    stats = {"env_steps": sum(len(t) for t in turns), "gen_tokens": gen_tokens, "gen_s": gen_time}
+    return trajectories, stats
+
+
+def gigpo_turn_advantages(
+    trajectories: list[Trajectory], reward: Literal["outcome", "process"], *, outcome_scale, gamma, step_weight,
+    norm_by_std, similarity_thresh, invalid_penalty,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:  # fmt: skip
+    """GiGPO over the flattened turns of `trajectories` (swapped ones are ordinary members of their task's
+    episode group and anchor-state groups).
+
+    Returns (A [M] before the penalty, A - invalid_penalty * invalid [M], step-group statistics).
+    """
+    episode, rewards = turn_rewards(trajectories, reward, outcome_scale)
+    traj_ids = torch.tensor([i for i, t in enumerate(trajectories) for _ in t.turns], dtype=torch.long)
+    group_ids = [t.group_id for t in trajectories for _ in t.turns]
+    anchors = [turn.anchor_obs for t in trajectories for turn in t.turns]
+    invalid = torch.tensor([not turn.valid for t in trajectories for turn in t.turns], dtype=torch.float32)
+    step_returns = compute_discounted_step_returns(rewards, traj_ids, gamma)
+    adv, adv_e, adv_s, step_groups = compute_gigpo_advantages(
+        episode, step_returns, group_ids, traj_ids, anchors, step_weight=step_weight, norm_by_std=norm_by_std,
+        similarity_thresh=similarity_thresh, return_components=True,
+    )  # fmt: skip
+    sizes = torch.bincount(step_groups).float()
+    stats = {
+        "gigpo/num_step_groups": float(len(sizes)),
+        "gigpo/step_group_size_mean": sizes.mean().item(),
+        "gigpo/step_group_size_max": sizes.max().item(),
+        "gigpo/nonsingleton_turn_frac": (sizes[step_groups] > 1).float().mean().item(),
+        "gigpo/abs_episode_adv": adv_e.abs().mean().item(),
+        "gigpo/abs_step_adv": adv_s.abs().mean().item(),
+    }
+    return adv, adv - invalid_penalty * invalid, stats
+
+
+def nonzero_adv_group_share(trajectories: list[Trajectory], turn_advantages: torch.Tensor) -> float:
+    """Share of task groups in which some turn has a non-zero advantage (a group that gives a gradient)."""
+    group_ids = [t.group_id for t in trajectories for _ in t.turns]
+    groups: dict[int, bool] = {}
+    for g, a in zip(group_ids, turn_advantages.tolist()):
+        groups[g] = groups.get(g, False) or abs(a) > 1e-8
+    return sum(groups.values()) / max(1, len(groups))
+
+
+@dataclass
+class Row:
+    """One training row: a turn's prompt + response with its advantage and how it was sampled."""
+
+    input_ids: list[int]
+    prompt_len: int
+    behaviour_logprobs: list[float]
+    advantage: float
+    swapped: bool  # a buffered explorer turn: no KL / entropy term on it
+    off_policy: bool  # sampled by another model than the one being trained: gets importance weights
+    iteration: int  # the iteration that sampled it
+    old_logprobs: torch.Tensor | None = None  # [response_len], filled by prepare_rows
+    ref_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
+
+
+def make_rows(trajectories: list[Trajectory], turn_advantages: torch.Tensor, off_policy: list[bool]) -> list[Row]:
+    rows, k = [], 0
+    for traj, off in zip(trajectories, off_policy):
+        for turn in traj.turns:
+            if turn.response_ids:  # an empty response has no token to train on
+                rows.append(
+                    Row(
+                        input_ids=turn.prompt_ids + turn.response_ids,
+                        prompt_len=len(turn.prompt_ids),
+                        behaviour_logprobs=turn.behaviour_logprobs,
+                        advantage=float(turn_advantages[k]),
+                        swapped=traj.sampler == "explorer",
+                        off_policy=off,
+                        iteration=traj.iteration,
+                    )  # fmt: skip
+                )
+            k += 1
+    return rows
+
+
+def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
+    """Consecutive index chunks whose token count stays within budget (sum of lengths, or rows x max length when
+    padded); a row longer than the budget gets a chunk of its own."""
+    chunks, cur, total, longest = [], [], 0, 0
+    for i, n in enumerate(lengths):
+        cost = max(longest, n) * (len(cur) + 1) if padded else total + n
+        if cur and cost > budget:
+            chunks.append(cur)
+            cur, total, longest = [], 0, 0
+        cur.append(i)
+        total, longest = total + n, max(longest, n)
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Right-padded [b, T] ids and mask; [b, T-1] response mask and per-token fields (position t predicts t+1)."""
+    b, width = len(rows), max(len(r.input_ids) for r in rows)
+    out = {
+        "input_ids": torch.full((b, width), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros((b, width), dtype=torch.long),
+        "response_mask": torch.zeros((b, width - 1), dtype=torch.bool),
+    }
+    per_token = {"behaviour": "behaviour_logprobs", "old": "old_logprobs", "ref": "ref_logprobs", "w": "is_weights"}
+    for key in per_token:
+        out[key] = torch.zeros((b, width - 1))
+    for k, r in enumerate(rows):
+        n, s = len(r.input_ids), r.prompt_len - 1
+        out["input_ids"][k, :n] = torch.tensor(r.input_ids)
+        out["attention_mask"][k, :n] = 1
+        out["response_mask"][k, s : n - 1] = True
+        for key, name in per_token.items():
+            value = getattr(r, name)
+            if value is not None:
+                out[key][k, s : n - 1] = torch.as_tensor(value, dtype=torch.float32)
+    out["advantages"] = torch.tensor([r.advantage for r in rows]).unsqueeze(1)
+    out["own"] = torch.tensor([not r.swapped for r in rows]).unsqueeze(1)
+    out["off_policy"] = torch.tensor([r.off_policy for r in rows]).unsqueeze(1)
+    return {k: v.to(device) for k, v in out.items()}
+
+
+@torch.no_grad()
+def response_logprobs(model, rows, *, temperature, pad_id, device, micro_batch_tokens, autocast) -> list[torch.Tensor]:
+    """[response_len] log-probs of each row's response under `model` at `temperature` (CPU tensors)."""
+    was_training = model.training
+    model.eval()
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    for chunk in pack_by_tokens([len(r.input_ids) for r in rows], micro_batch_tokens, padded=True):
+        batch = collate([rows[i] for i in chunk], pad_id, device)
+        with autocast():
+            lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
+        for k, i in enumerate(chunk):
+            out[i] = lp[k][batch["response_mask"][k]].cpu()
+    model.train(was_training)
+    return out
+
+
+@torch.no_grad()
+def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
+    """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
+    kw = dict(temperature=temperature, pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
+    old = response_logprobs(model, rows, autocast=autocast, **kw)
+    ref = response_logprobs(ref_model, rows, autocast=autocast, **kw)
+    for r, o, f in zip(rows, old, ref):
+        behaviour = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
+        r.old_logprobs, r.ref_logprobs = o, f
+        r.is_weights = truncated_importance_weights(o, behaviour, is_cap, torch.tensor(r.off_policy))
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+def update(
+    model, optimizer, rows, *, epochs, minibatch_tokens, micro_batch_tokens, clip_coef, dual_clip, kl_coef, ent_coef,
+    max_grad_norm, temperature, use_is_weights, pad_id, device, autocast,
+) -> dict[str, float]:  # fmt: skip
+    """Policy-gradient update: epochs x token-budget minibatches (one AdamW step each) x micro-batches (gradient
+    accumulation).
+
+    Loss per minibatch = sum(policy token losses) / n_response_tokens
+                         + kl_coef * sum(k3 KL) / n_own_tokens - ent_coef * sum(entropy) / n_own_tokens,
+    where own tokens are the trained model's own turns (not swapped explorer turns).
+    """
+    model.train()
+    sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip": 0.0, "tokens": 0, "own": 0}
+    trained_tokens = 0
+    for _ in range(epochs):
+        order = torch.randperm(len(rows)).tolist()
+        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
+            mb_rows = [rows[order[i]] for i in minibatch]
+            n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
+            n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
+            optimizer.zero_grad(set_to_none=True)
+            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
+                b = collate([mb_rows[i] for i in chunk], pad_id, device)
+                mask = b["response_mask"]
+                with autocast():
+                    logprobs, entropy = token_logprobs(
+                        model, b["input_ids"], b["attention_mask"], temperature, with_entropy=ent_coef != 0
+                    )
+                weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
+                pg_sum, n_clipped = policy_loss(
+                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=clip_coef, dual_clip=dual_clip
+                )
+                own = (mask & b["own"]).float()
+                kl_sum = (kl_k3(logprobs, b["ref"]) * own).sum()
+                ent_sum = (entropy * own).sum() if entropy is not None else torch.zeros((), device=device)
+                loss = pg_sum / n_tokens + kl_coef * kl_sum / n_own - ent_coef * ent_sum / n_own
+                if not torch.isfinite(loss):
+                    raise NonFiniteLoss(f"loss = {loss.item()}")
+                loss.backward()
+                with torch.no_grad():
+                    log_ratio = (logprobs - b["old"])[mask]
+                    sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
+                sums["policy_loss"] += pg_sum.item()
+                sums["kl"] += kl_sum.item()
+                sums["entropy"] += ent_sum.item()
+                sums["clip"] += n_clipped.item()
+                sums["tokens"] += int(mask.sum())
+                sums["own"] += int(own.sum())
+                trained_tokens += int(b["attention_mask"].sum())
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            optimizer.step()
+    n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
+    stats = {
+        "policy_loss": sums["policy_loss"] / n,
+        "kl": sums["kl"] / n_own,
+        "clip_frac": sums["clip"] / n,
+        "approx_kl": sums["approx_kl"] / n,
+        "trained_tokens": trained_tokens,
+    }
+    if ent_coef != 0:
+        stats["entropy"] = sums["entropy"] / n_own
+    return stats
+
+
+def evaluate(
+    model, generator, tokenizer, make_envs, seeds, *, env_name, batch_size, temperature, rollout_kw
+) -> dict[str, float]:
+    """Held-out episodes (one per seed): success rate (and WebShop score, 100 * mean purchase reward), 95% CIs."""
+    won, scores = [], []
+    for start in range(0, len(seeds), batch_size):
+        chunk = seeds[start : start + batch_size]
+        trajs, _ = rollout(
+            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, sampler="policy", iteration=-1,
+            temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, **rollout_kw,
+        )  # fmt: skip
+        won += [float(t.won) for t in trajs]
+        scores += [100.0 * t.task_score for t in trajs]
+    success, success_ci = run.mean_ci95(won)
+    metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
+    if env_name == "webshop":
+        metrics["eval/score"], metrics["eval/score_ci95"] = run.mean_ci95(scores)
+    return metrics
+
+
+def pearson(x: list[float], y: list[float]) -> float | None:
+    """Correlation of two lists; None when either is constant (undefined)."""
+    xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(xa) < 2 or xa.std() == 0 or ya.std() == 0:
+        return None
+    return float(np.corrcoef(xa, ya)[0, 1])
+
+
+def bool_flag_pair(argv: list[str], name: str) -> list[str]:
+    """Let `--name` / `--no-name` set an Optional[bool] field (tyro itself wants `--name {None,True,False}`)."""
+    out = []
+    for k, a in enumerate(argv):
+        nxt = argv[k + 1] if k + 1 < len(argv) else None
+        if a == f"--{name}" and nxt not in ("True", "False", "None"):
+            out += [f"--{name}", "True"]
+        elif a == f"--no-{name}":
+            out += [f"--{name}", "False"]
+        else:
+            out.append(a)
+    return out
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args, args=bool_flag_pair(sys.argv[1:], "norm-adv-by-std"))
+    # Per-benchmark defaults (GiGPO's settings: ALFWorld mean/std normalisation, WebShop mean-only)
+    if args.max_steps is None:
+        small_alfworld = args.env == "alfworld" and args.env_backend == "embedded" and args.env_preset == "small"
+        args.max_steps = 15 if args.env == "webshop" else (20 if small_alfworld else 50)
+    if args.norm_adv_by_std is None:
+        args.norm_adv_by_std = args.env == "alfworld"
+    if args.eval_split is None:
+        args.eval_split = {"alfworld": "valid_unseen", "webshop": "test"}[args.env]
+    swap = args.reward_mode == "swap"
+    args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
+    args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
+    if args.train_pool_size < args.tasks_per_iteration:
+        raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
+    if args.explorer_sync_every < 1:
+        raise SystemExit("--explorer-sync-every must be >= 1")
+    if args.similarity_thresh is not None and not 0.0 < args.similarity_thresh <= 1.0:
+        raise SystemExit("--similarity-thresh must be in (0, 1]")
+    run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    run.seed_everything(args.seed, args.torch_deterministic)
+
+    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+
+    def autocast():
+        # bf16 autocast on CUDA; fp32 on the CPU. Same code path on both.
+        return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
+
+    # Models: policy, frozen reference (the initial policy), explorer (swap mode)
+    policy, tokenizer = models.load_model(
+        args.model_name, env_name=args.env, preset=args.env_preset, seed=args.seed, device=device
+    )
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
+    explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
+    explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
+    explorer = copy.deepcopy(policy) if swap else None
+    explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
+    buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
+    short = models.is_tiny(args.model_name)
+    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
+    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
+    if args.rollout_backend == "vllm":
+        # The engine starts from a save_pretrained folder; later weights are pushed into it by the generator.
+        engine_path = logger.dir / "rollout_model"
+        policy.save_pretrained(engine_path)
+        tokenizer.save_pretrained(engine_path)
+        gen_kw = {"model_path": str(engine_path)}
+    else:
+        gen_kw = {"batch_size": args.generation_batch_size}
+    generator = generation.make_generator(args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, **gen_kw)
+    pad_id = tokenizer.pad_token_id
+    rollout_kw = dict(
+        history_len=args.history_len, short=short, max_prompt_tokens=max_prompt_tokens,
+        outcome_scale=args.outcome_scale, autocast=autocast,
+    )  # fmt: skip
+    env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)
+    env_pool: dict[int, cenvs.LockstepEnvs] = {}
+
+    def make_envs(n: int) -> cenvs.LockstepEnvs:
+        if n not in env_pool:
+            env_pool[n] = cenvs.LockstepEnvs(args.env, n, **env_kw)
+        return env_pool[n]
+
+    train_pool = cenvs.split_seeds(args.env, "train", args.train_pool_size, backend=args.env_backend)
+    eval_seeds = cenvs.split_seeds(args.env, args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+
+    # Resume
+    start_iteration, env_steps = 1, 0
+    modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
+    optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
+    if args.resume:
+        state = logger.load_checkpoint(modules, optimizers)
+        if not state:
+            raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
+        start_iteration = state["iteration"] + 1
+        env_steps = state["extra"]["env_steps"]
+        buffer.load_state_dict(state["extra"]["buffer"])
+        print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
+
+    def save(iteration: int):
+        extra = {"env_steps": env_steps, "buffer": buffer.state_dict()}
+        return logger.save_checkpoint(iteration, modules, optimizers, extra=extra)
+
+    def run_eval(iteration: int) -> dict[str, float]:
+        metrics = evaluate(
+            policy, generator, tokenizer, make_envs, eval_seeds, env_name=args.env, batch_size=args.eval_batch_size,
+            temperature=args.eval_temperature, rollout_kw=rollout_kw,
+        )  # fmt: skip
+        print(f"iter {iteration}: eval " + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()), flush=True)
+        return metrics
+
+    if args.eval_only:
+        it = start_iteration - 1
+        logger.log({"env_steps": env_steps, **run_eval(it)}, step=it)
+        logger.close()
+        raise SystemExit(0)
+    if args.eval_at_start and start_iteration == 1:
+        logger.log({"env_steps": 0, **run_eval(0)}, step=0)
+
+    update_kw = dict(
+        minibatch_tokens=args.minibatch_tokens, micro_batch_tokens=args.micro_batch_tokens, clip_coef=args.clip_coef,
+        dual_clip=args.dual_clip, kl_coef=args.kl_coef, ent_coef=args.ent_coef, max_grad_norm=args.max_grad_norm,
+        temperature=args.temperature, use_is_weights=args.off_policy_correction == "tis", pad_id=pad_id,
+        device=device, autocast=autocast,
+    )  # fmt: skip
+    prepare_kw = dict(
+        temperature=args.temperature, is_cap=args.is_cap, pad_id=pad_id, device=device,
+        micro_batch_tokens=args.micro_batch_tokens, autocast=autocast,
+    )  # fmt: skip
+    adv_kw = dict(
+        outcome_scale=args.outcome_scale, gamma=args.gamma, step_weight=args.step_adv_weight,
+        norm_by_std=args.norm_adv_by_std, similarity_thresh=args.similarity_thresh,
+        invalid_penalty=args.invalid_penalty,
+    )  # fmt: skip
+    policy_reward = "process" if args.reward_mode == "process" else "outcome"
+    for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
+        warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
+        for group in optimizer.param_groups:
+            group["lr"] = args.learning_rate * warmup
+        metrics: dict[str, float] = {}
+
+        # ROLLOUT: B tasks x G_on policy rollouts (outcome and process rewards and anchor states of every turn)
+        t_rollout = time.perf_counter()
+        task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+        batch, rstats = rollout(
+            policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
+            sampler="policy", iteration=iteration, temperature=args.temperature, greedy=False, **rollout_kw,
+        )  # fmt: skip
+        env_steps += rstats["env_steps"]
+        gen_tokens, gen_s = rstats["gen_tokens"], rstats["gen_s"]
+        rollout_s = time.perf_counter() - t_rollout
+        update_s, trained_tokens = 0.0, 0
+
+        try:
+            # THE SWAP (RSPO): explorer step on the process reward, explorer rollouts, swap to outcome, buffer
+            train_trajs = batch
+            if swap:
+                t0 = time.perf_counter()
+                synced = (iteration - 1) % args.explorer_sync_every == 0
+                if synced:
+                    explorer.load_state_dict(policy.state_dict())
+                for group in explorer_optimizer.param_groups:
+                    group["lr"] = explorer_lr * warmup
+                # The explorer's GiGPO: process returns for A^E, per-turn process rewards for the step returns.
+                _, turn_adv, _ = gigpo_turn_advantages(batch, "process", **adv_kw)
+                # When the explorer was not just synced, the policy's batch is off-policy for it.
+                explorer_rows = make_rows(batch, turn_adv, off_policy=[not synced] * len(batch))
+                prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                update_s += time.perf_counter() - t0
+                trained_tokens += estats["trained_tokens"]
+                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+
+                t0 = time.perf_counter()
+                extra, xstats = rollout(
+                    explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
+                    args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
+                    temperature=args.temperature, greedy=False, **rollout_kw,
+                )  # fmt: skip
+                env_steps += xstats["env_steps"]
+                gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
+                rollout_s += time.perf_counter() - t0
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
+                buffer.add(swap_rewards(extra), iteration)
+                train_trajs = batch + buffer.sample(task_seeds, iteration)
+                metrics["buffer/size"] = len(buffer)
+                metrics["buffer/sampled"] = len(train_trajs) - len(batch)
+
+            # ADVANTAGES: GiGPO over each task's episode group and anchor-state groups (swapped members included)
+            t0 = time.perf_counter()
+            adv_policy_only, _, _ = gigpo_turn_advantages(batch, policy_reward, **adv_kw)
+            adv, turn_adv, gstats = gigpo_turn_advantages(train_trajs, policy_reward, **adv_kw)
+            metrics.update(gstats)
+            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
+            if swap:
+                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajs, adv)
+
+            # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
+            rows = make_rows(train_trajs, turn_adv, off_policy=[t.sampler == "explorer" for t in train_trajs])
+            prepare_rows(policy, ref_model, rows, **prepare_kw)
+            swapped_rows = [r for r in rows if r.swapped]
+            if swapped_rows:
+                w = torch.cat([r.is_weights for r in swapped_rows])
+                iw = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
+                metrics.update({f"is_weight/{k}": v for k, v in iw.items()})
+                # KL(explorer || policy) on this iteration's explorer tokens: k3 with ratio pi_policy / pi_explorer.
+                fresh = [r for r in swapped_rows if r.iteration == iteration]
+                lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
+                lp_policy = torch.cat([r.old_logprobs for r in fresh])
+                metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
+            pstats = update(policy, optimizer, rows, epochs=args.update_epochs, **update_kw)
+            update_s += time.perf_counter() - t0
+            trained_tokens += pstats["trained_tokens"]
+        except NonFiniteLoss as err:
+            path = save(iteration - 1)
+            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint saved to {path}") from None
+
+        # LOGGING (training curve from the policy's own rollouts only)
+        outcome = [t.outcome_return for t in batch]
+        process = [t.process_return for t in batch]
+        metrics.update(
+            {
+                "env_steps": env_steps,
+                "train/success_rate": float(np.mean([t.won for t in batch])),
+                "train/outcome_return": float(np.mean(outcome)),
+                "train/process_return": float(np.mean(process)),
+                "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
+                "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
+                "losses/policy_loss": pstats["policy_loss"],
+                "losses/kl": pstats["kl"],
+                "losses/clip_frac": pstats["clip_frac"],
+                "losses/approx_kl": pstats["approx_kl"],
+                "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                "perf/rollout_s": rollout_s,
+                "perf/update_s": update_s,
+                "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                "perf/train_tokens_per_s": trained_tokens / max(update_s, 1e-9),
+            }
+        )
+        if args.env == "webshop":
+            metrics["train/score"] = 100.0 * float(np.mean([t.task_score for t in batch]))
+        if "entropy" in pstats:
+            metrics["losses/entropy"] = pstats["entropy"]
+        corr = pearson(process, outcome)
+        if corr is not None:
+            metrics["train/process_outcome_corr"] = corr
+        last = iteration == args.num_iterations
+        if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
+            metrics.update(run_eval(iteration))
+        logger.log(metrics, step=iteration)
+        print(
+            f"iter {iteration}: steps {env_steps} success {metrics['train/success_rate']:.2f} "
+            f"step groups {metrics['gigpo/num_step_groups']:.0f} (non-singleton turns "
+            f"{metrics['gigpo/nonsingleton_turn_frac']:.2f}) |A^E| {metrics['gigpo/abs_episode_adv']:.3f} "
+            f"|A^S| {metrics['gigpo/abs_step_adv']:.3f}",
+            flush=True,
+        )
+        if last or iteration % args.checkpoint_every == 0:
+            save(iteration)
+
+    if args.save_model:
+        policy.save_pretrained(logger.dir / "model")
+        tokenizer.save_pretrained(logger.dir / "model")
+    logger.close()

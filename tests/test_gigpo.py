@@ -1,0 +1,312 @@
+"""Tests of rspo_gigpo.py: GiGPO advantages and step returns against hand-computed numbers, the losses, the swap,
+the replay buffer, and 2-iteration end-to-end runs of the script on both benchmarks (all reward modes, resume)."""
+
+import math
+
+import pytest
+import torch
+
+import rspo_gigpo as gg
+
+# ---------------------------------------------------------------------------------------------------------------
+# compute_discounted_step_returns
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_discounted_step_returns_contiguous():
+    # traj 7: R2 = 2, R1 = 0 + 0.5 * 2 = 1, R0 = 1 + 0.5 * 1 = 1.5; traj 9: R1 = 3, R0 = 0 + 0.5 * 3 = 1.5
+    r = gg.compute_discounted_step_returns(torch.tensor([1.0, 0.0, 2.0, 0.0, 3.0]), [7, 7, 7, 9, 9], gamma=0.5)
+    assert torch.allclose(r, torch.tensor([1.5, 1.0, 2.0, 1.5, 3.0]))
+
+
+def test_discounted_step_returns_interleaved_and_tensor_ids():
+    # a: turns 0 and 2 -> [1 + 0.9 * 3, 3]; b: turns 1 and 3 -> [2 + 0.9 * 4, 4]
+    expected = torch.tensor([3.7, 5.6, 3.0, 4.0])
+    r = gg.compute_discounted_step_returns(torch.tensor([1.0, 2.0, 3.0, 4.0]), ["a", "b", "a", "b"], gamma=0.9)
+    assert torch.allclose(r, expected)
+    r = gg.compute_discounted_step_returns(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0, 1, 0, 1]), gamma=0.9)
+    assert torch.allclose(r, expected)
+
+
+def test_discounted_step_returns_default_gamma():
+    # outcome 10 at the third turn: [0.95^2 * 10, 0.95 * 10, 10]
+    r = gg.compute_discounted_step_returns(torch.tensor([0.0, 0.0, 10.0]), [0, 0, 0])
+    assert torch.allclose(r, torch.tensor([9.025, 9.5, 10.0]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# compute_grpo_advantages / compute_gigpo_advantages
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_grpo_advantages_std_and_singleton():
+    adv = gg.compute_grpo_advantages(torch.tensor([1.0, 0.0, 3.0, 5.0]), [0, 0, 0, 1])
+    std = math.sqrt(7 / 3)  # unbiased std of (1, 0, 3)
+    expected = torch.tensor([(1 - 4 / 3) / std, (0 - 4 / 3) / std, (3 - 4 / 3) / std, 5.0])
+    assert torch.allclose(adv, expected, atol=1e-5)
+    adv = gg.compute_grpo_advantages(torch.tensor([1.0, 0.0, 3.0, 5.0]), [0, 0, 0, 1], norm_by_std=False)
+    assert torch.allclose(adv, torch.tensor([-1 / 3, -4 / 3, 5 / 3, 5.0]))
+
+
+def _shared_state_case():
+    # Task group 0. Trajectory A visits s0, s1, s2 and solves at its third turn (return 10); B visits s0, s3, s1,
+    # s4 and fails. s1 is shared at different time steps (A: t=1, B: t=2). gamma = 0.5.
+    anchors = ["s0", "s1", "s2", "s0", "s3", "s1", "s4"]
+    traj = [0, 0, 0, 1, 1, 1, 1]
+    episode = torch.tensor([10.0] * 3 + [0.0] * 4)
+    step = gg.compute_discounted_step_returns(torch.tensor([0, 0, 10.0, 0, 0, 0, 0]), traj, gamma=0.5)
+    assert torch.allclose(step, torch.tensor([2.5, 5.0, 10.0, 0, 0, 0, 0]))
+    return episode, step, [0] * 7, traj, anchors
+
+
+def test_gigpo_shared_state_at_different_time_steps():
+    episode, step, groups, traj, anchors = _shared_state_case()
+    adv, adv_e, adv_s, sg = gg.compute_gigpo_advantages(episode, step, groups, traj, anchors, return_components=True)
+    # A^E: each trajectory once: mean(10, 0) = 5 (turn-weighted rows would give 30/7)
+    assert torch.allclose(adv_e, torch.tensor([5.0] * 3 + [-5.0] * 4))
+    # s0: {2.5, 0} mean 1.25; s1: {5 (A, t=1), 0 (B, t=2)} mean 2.5; s2, s3, s4 singletons -> 0
+    assert torch.allclose(adv_s, torch.tensor([1.25, 2.5, 0.0, -1.25, 0.0, -2.5, 0.0]))
+    assert torch.allclose(adv, torch.tensor([6.25, 7.5, 5.0, -6.25, -5.0, -7.5, -5.0]))
+    assert sg.tolist() == [0, 1, 2, 0, 3, 1, 4]
+    # step_weight scales A^S only
+    adv_half = gg.compute_gigpo_advantages(episode, step, groups, traj, anchors, step_weight=0.5)
+    assert torch.allclose(adv_half, adv_e + 0.5 * adv_s)
+
+
+def test_gigpo_normalised_by_std():
+    episode, step, groups, traj, anchors = _shared_state_case()
+    adv, adv_e, adv_s, _ = gg.compute_gigpo_advantages(
+        episode, step, groups, traj, anchors, norm_by_std=True, return_components=True
+    )
+    h = 1 / math.sqrt(2)  # any pair (x, y): (x - mean) / std = +-1/sqrt(2)
+    assert torch.allclose(adv_e, torch.tensor([h] * 3 + [-h] * 4), atol=1e-5)
+    assert torch.allclose(adv_s, torch.tensor([h, h, 0.0, -h, 0.0, -h, 0.0]), atol=1e-5)
+    assert torch.allclose(adv, adv_e + adv_s)
+
+
+def test_gigpo_singleton_states_and_groups_do_not_pool_across_tasks():
+    # Every anchor unique within its task group; the same text "s" in two task groups must not pool.
+    episode = torch.tensor([4.0, 4.0, 0.0, 2.0, 6.0])
+    step = torch.tensor([3.0, 4.0, 0.0, 2.0, 6.0])
+    groups = ["g0", "g0", "g0", "g1", "g1"]
+    traj = [0, 0, 1, 2, 3]
+    anchors = ["s", "t", "u", "s", "v"]
+    adv, adv_e, adv_s, sg = gg.compute_gigpo_advantages(episode, step, groups, traj, anchors, return_components=True)
+    assert torch.all(adv_s == 0)
+    assert torch.allclose(adv, adv_e)
+    assert torch.allclose(adv_e, torch.tensor([2.0, 2.0, -2.0, -2.0, 2.0]))
+    assert len(set(sg.tolist())) == 5
+
+
+def test_gigpo_repeated_state_inside_one_trajectory():
+    # A: s0, s1, s0, s2, solved at t=3 (gamma 0.5 -> [1.25, 2.5, 5, 10]); B: s0, s3, fails.
+    anchors = ["s0", "s1", "s0", "s2", "s0", "s3"]
+    traj = torch.tensor([0, 0, 0, 0, 1, 1])
+    step = gg.compute_discounted_step_returns(torch.tensor([0, 0, 0, 10.0, 0, 0]), traj, gamma=0.5)
+    assert torch.allclose(step, torch.tensor([1.25, 2.5, 5.0, 10.0, 0.0, 0.0]))
+    episode = torch.tensor([10.0] * 4 + [0.0] * 2)
+    adv, adv_e, adv_s, _ = gg.compute_gigpo_advantages(
+        episode, step, torch.zeros(6, dtype=torch.long), traj, anchors, return_components=True
+    )
+    m = (1.25 + 5.0 + 0.0) / 3  # s0 has three members, two of them from A
+    assert torch.allclose(adv_s, torch.tensor([1.25 - m, 0.0, 5.0 - m, 0.0, -m, 0.0]))
+    assert torch.allclose(adv_e, torch.tensor([5.0] * 4 + [-5.0] * 2))
+    # A single trajectory revisiting a state is a non-singleton step group too
+    _, _, adv_s1, _ = gg.compute_gigpo_advantages(
+        torch.tensor([0.0, 0.0]), torch.tensor([1.0, 3.0]), [0, 0], [0, 0], ["x", "x"], return_components=True
+    )
+    assert torch.allclose(adv_s1, torch.tensor([-1.0, 1.0]))
+
+
+def test_gigpo_similarity_grouping_is_greedy_to_first_representative():
+    # ratio("aaaa", "aaab") = 0.75, ratio("aaaa", "aabb") = 0.5, ratio("aaab", "aabb") = 0.75
+    sg = gg.build_step_groups([0, 0, 0, 1], ["aaaa", "aaab", "aabb", "aaab"], similarity_thresh=0.7)
+    # "aabb" is compared with the group's representative "aaaa" (not with "aaab"): new group; task 1 separate
+    assert sg.tolist() == [0, 0, 1, 2]
+    assert gg.build_step_groups([0, 0, 0], ["aaaa", "aaab", "aaaa"]).tolist() == [0, 1, 0]
+    adv = gg.compute_gigpo_advantages(
+        torch.tensor([0.0, 0.0, 0.0]),
+        torch.tensor([1.0, 3.0, 8.0]),
+        [0, 0, 0],
+        [0, 1, 2],
+        ["you are at desk 1", "you are at desk 2", "kitchen"],
+        similarity_thresh=0.9,
+    )
+    assert torch.allclose(adv, torch.tensor([-1.0, 1.0, 0.0]))
+
+
+def test_gigpo_rejects_inconsistent_inputs():
+    with pytest.raises(ValueError, match="one entry per turn"):
+        gg.compute_gigpo_advantages(torch.zeros(3), torch.zeros(2), [0, 0, 0], [0, 0, 0], ["a", "b", "c"])
+    with pytest.raises(ValueError, match="two task groups"):
+        gg.compute_gigpo_advantages(torch.zeros(2), torch.zeros(2), [0, 1], [5, 5], ["a", "b"])
+    with pytest.raises(ValueError, match="different episode returns"):
+        gg.compute_gigpo_advantages(torch.tensor([1.0, 2.0]), torch.zeros(2), [0, 0], [5, 5], ["a", "b"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Swapped members and the swap
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _traj(task, anchors, won, sampled_by="policy", process=None, iteration=1):
+    n = len(anchors)
+    process = process or [0.5] * n
+    turns = [
+        gg.Turn(
+            prompt_ids=[1, 2],
+            response_ids=[3],
+            behaviour_logprobs=[-0.5],
+            action="a",
+            valid=True,
+            anchor_obs=a,
+            outcome_reward=1.0 if (won and t == n - 1) else 0.0,
+            process_reward=process[t],
+            done=t == n - 1,
+            truncated=False,
+        )
+        for t, a in enumerate(anchors)
+    ]
+    return gg.Trajectory(
+        task_seed=task,
+        group_id=task,
+        turns=turns,
+        won=won,
+        task_score=float(won),
+        outcome_return=10.0 * won,
+        process_return=sum(process),
+        sampler=sampled_by,
+        iteration=iteration,
+    )
+
+
+ADV_KW = dict(outcome_scale=10.0, gamma=0.95, step_weight=1.0, norm_by_std=False, similarity_thresh=None)
+
+
+def _adv(trajs, reward, penalty=0.1):
+    _, adv, stats = gg.gigpo_turn_advantages(trajs, reward, invalid_penalty=penalty, **ADV_KW)
+    return adv, stats
+
+
+def test_swapped_members_join_episode_and_step_groups():
+    p1, p2 = _traj(3, ["a", "b"], False), _traj(3, ["a", "c"], False)
+    explorer = _traj(3, ["a", "d", "e"], True, sampled_by="explorer", process=[100.0, -50.0, 7.0])
+    adv, stats = _adv([p1, p2], "outcome")
+    assert torch.all(adv == 0) and gg.nonzero_adv_group_share([p1, p2], adv) == 0.0
+    (swapped,) = gg.swap_rewards([explorer])
+    adv, stats = _adv([p1, p2, swapped], "outcome")
+    # A^E: mean(0, 0, 10) = 10/3; step returns of E: [9.025, 9.5, 10]; step group "a": {0, 0, 9.025}
+    e, m = 10 / 3, 9.025 / 3
+    expected = [-e - m, -e, -e - m, -e, 2 * e + 9.025 - m, 2 * e, 2 * e]
+    assert torch.allclose(adv, torch.tensor(expected), atol=1e-5)
+    assert gg.nonzero_adv_group_share([p1, p2, swapped], adv) == 1.0
+    assert stats["gigpo/num_step_groups"] == 5 and stats["gigpo/step_group_size_max"] == 3
+    assert stats["gigpo/nonsingleton_turn_frac"] == pytest.approx(3 / 7)
+
+
+def test_swap_drops_process_rewards():
+    explorer = _traj(3, ["a", "d"], True, sampled_by="explorer", process=[100.0, -50.0])
+    (swapped,) = gg.swap_rewards([explorer])
+    assert swapped.process_return is None and swapped.sampler == "explorer"
+    assert all(t.process_reward is None for t in swapped.turns)
+    assert swapped.outcome_return == 10.0 and swapped.turns[-1].outcome_reward == 1.0
+    assert explorer.process_return == 50.0  # the original is untouched
+    # nothing derived from the process reward can enter: the process-reward path fails on swapped trajectories
+    with pytest.raises(ValueError, match="no process reward"):
+        _adv([swapped], "process")
+    # and the outcome advantages do not depend on what the process rewards were
+    other = gg.swap_rewards([_traj(3, ["a", "d"], True, sampled_by="explorer", process=[-3.0, 9.0])])[0]
+    p = _traj(3, ["a", "b"], False)
+    a1, _ = _adv([p, swapped], "outcome")
+    a2, _ = _adv([p, other], "outcome")
+    assert torch.equal(a1, a2)
+
+
+def test_explorer_uses_process_rewards_as_step_rewards():
+    t1 = _traj(0, ["a", "b"], False, process=[1.0, 2.0])
+    t2 = _traj(0, ["a", "c"], False, process=[0.0, 0.0])
+    t2.turns[1].valid = False
+    adv, _ = _adv([t1, t2], "process")
+    # episode (process returns 3, 0): +-1.5; step returns t1: [1 + 0.95 * 2, 2], t2: [0, 0]; group "a": +-1.45
+    assert torch.allclose(adv, torch.tensor([1.5 + 1.45, 1.5, -1.5 - 1.45, -1.5 - 0.1]), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Losses, importance weights, buffer
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_policy_loss_clip_and_dual_clip():
+    old = torch.zeros(2, 2)
+    lp = torch.log(torch.tensor([[1.5, 0.9], [5.0, 0.5]]))
+    adv = torch.tensor([1.0, -1.0])
+    w = torch.tensor([[1.0, 1.0], [1.0, 0.5]])
+    # (0,0): max(-1.5, -1.2) = -1.2 clipped; (0,1): -0.9; (1,0): max(5, 1.2) = 5 -> dual clip 3; (1,1): 0.8 * 0.5
+    loss, clipped = gg.policy_loss(lp, old, adv, torch.ones(2, 2), w)
+    assert loss.item() == pytest.approx(-1.2 - 0.9 + 3.0 + 0.4, abs=1e-5)
+    assert clipped.item() == 2
+    loss, clipped = gg.policy_loss(lp, old, adv, torch.tensor([[1, 0], [1, 1]]), w)
+    assert loss.item() == pytest.approx(-1.2 + 3.0 + 0.4, abs=1e-5)
+    loss, _ = gg.policy_loss(lp, old, adv, torch.ones(2, 2), w, dual_clip=0.0)
+    assert loss.item() == pytest.approx(-1.2 - 0.9 + 5.0 + 0.4, abs=1e-5)
+
+
+def test_kl_and_importance_weights():
+    kl = gg.kl_k3(torch.log(torch.tensor([0.5])), torch.log(torch.tensor([0.25])))
+    assert kl.item() == pytest.approx(0.5 + math.log(2) - 1, abs=1e-6)
+    old, behaviour = torch.log(torch.tensor([0.3, 0.1, 0.01])), torch.log(torch.tensor([0.1, 0.2, 0.2]))
+    w = gg.truncated_importance_weights(old, behaviour, cap=2.0)
+    assert torch.allclose(w, torch.tensor([2.0, 0.5, 0.05]))
+    own = gg.truncated_importance_weights(old, behaviour, cap=2.0, off_policy=torch.tensor([True, False, True]))
+    assert torch.allclose(own, torch.tensor([2.0, 1.0, 0.05]))
+    stats = gg.importance_weight_stats(w, torch.ones(3, dtype=torch.bool))
+    assert stats["mean"] == pytest.approx(0.85) and stats["frac_below_0.1"] == pytest.approx(1 / 3)
+    assert stats["ess"] == pytest.approx(2.55**2 / (3 * (4 + 0.25 + 0.0025)))
+    assert gg.importance_weight_stats(w, torch.zeros(3, dtype=torch.bool)) == {}
+
+
+def test_replay_buffer_capacity_age_and_state():
+    buf = gg.ReplayBuffer(capacity=3, max_age=1)
+    with pytest.raises(ValueError, match="swapped"):
+        buf.add([_traj(1, ["a"], True, "explorer")], iteration=1)
+    buf.add(gg.swap_rewards([_traj(1, ["a"], True, "explorer"), _traj(2, ["b"], False, "explorer")]), iteration=1)
+    assert [t.task_seed for t in buf.sample([1, 5], iteration=1)] == [1]
+    assert [t.task_seed for t in buf.sample([1, 2], iteration=2)] == [1, 2]  # age 1 <= max_age
+    buf.add(gg.swap_rewards([_traj(3, ["c"], True, "explorer", iteration=2)] * 2), iteration=2)
+    assert len(buf) == 3  # capacity: the oldest entry left first
+    assert [t.task_seed for t in buf.sample([1, 2, 3], iteration=2)] == [2, 3, 3]
+    other = gg.ReplayBuffer(capacity=3, max_age=1)
+    other.load_state_dict(buf.state_dict())
+    assert other.sample([2, 3], iteration=2) == buf.sample([2, 3], iteration=2)
+    assert [t.task_seed for t in buf.sample([1, 2, 3], iteration=3)] == [3, 3]  # the iteration-1 entry expired
+    assert len(buf) == 2
+
+
+def test_token_logprobs_padding_invariant():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(
+        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64,
+    )  # fmt: skip
+    model = Qwen2ForCausalLM(cfg).eval()
+    seq = torch.tensor([[5, 7, 9, 11, 13]])
+    ref, none = gg.token_logprobs(model, seq, torch.ones_like(seq), temperature=0.7)
+    assert none is None
+    left = torch.tensor([[0, 0, 5, 7, 9, 11, 13]])
+    left_mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1]])
+    lp, ent = gg.token_logprobs(model, left, left_mask, temperature=0.7, with_entropy=True)
+    assert torch.allclose(lp[:, 2:], ref, atol=1e-5)
+    assert ent.shape == lp.shape and torch.all(ent > 0)
+    logits = model(seq).logits[0, :-1] / 0.7
+    assert torch.allclose(ref[0], torch.log_softmax(logits, -1).gather(-1, seq[0, 1:, None]).squeeze(-1), atol=1e-5)
+
+
+def test_bool_flag_pair():
+    argv = ["--env", "webshop", "--no-norm-adv-by-std", "--norm-adv-by-std", "--norm-adv-by-std", "True"]
+    out = gg.bool_flag_pair(argv, "norm-adv-by-std")
+    assert out == ["--env", "webshop", "--norm-adv-by-std", "False", "--norm-adv-by-std", "True"] + [
+        "--norm-adv-by-std",
+        "True",
+    ]
