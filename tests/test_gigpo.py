@@ -1,7 +1,10 @@
 """Tests of rspo_gigpo.py: GiGPO advantages and step returns against hand-computed numbers, the losses, the swap,
 the replay buffer, and 2-iteration end-to-end runs of the script on both benchmarks (all reward modes, resume)."""
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -310,3 +313,120 @@ def test_bool_flag_pair():
         "--norm-adv-by-std",
         "True",
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the script end to end (subprocess, tiny sizes)
+# ---------------------------------------------------------------------------------------------------------------
+
+SMALL = [
+    "--num-iterations", "2", "--tasks-per-iteration", "2", "--group-size", "2", "--explorer-rollouts-per-task", "2",
+    "--max-steps", "4", "--max-new-tokens", "12", "--train-pool-size", "3", "--num-eval-tasks", "2",
+    "--eval-every", "2", "--no-eval-at-start", "--minibatch-tokens", "4096", "--micro-batch-tokens", "2048",
+]  # fmt: skip
+KEYS = [
+    "iteration", "env_steps", "train/success_rate", "train/outcome_return", "train/process_return",
+    "train/episode_length", "train/invalid_turn_rate", "train/nonzero_adv_groups_before_swap", "losses/policy_loss",
+    "losses/kl", "losses/entropy", "losses/clip_frac", "losses/approx_kl", "perf/rollout_s", "perf/update_s",
+    "perf/gen_tokens_per_s", "perf/train_tokens_per_s", "gigpo/num_step_groups", "gigpo/step_group_size_mean",
+    "gigpo/step_group_size_max", "gigpo/nonsingleton_turn_frac", "gigpo/abs_episode_adv", "gigpo/abs_step_adv",
+]  # fmt: skip
+SWAP_KEYS = [
+    "train/nonzero_adv_groups_after_swap", "explorer/success_rate", "explorer/kl_to_policy", "is_weight/mean",
+    "is_weight/frac_below_0.1", "is_weight/ess", "buffer/sampled",
+]  # fmt: skip
+
+
+def _run_script(repo_root, script_env, *flags, timeout=300):
+    cmd = [sys.executable, str(repo_root / "rspo_gigpo.py"), *SMALL, *flags]
+    proc = subprocess.run(cmd, cwd=repo_root, env=script_env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def _only_run(runs_dir):
+    (run_dir,) = [p for p in runs_dir.iterdir() if p.is_dir()]
+    return run_dir
+
+
+def _check_run(run_dir, env, mode, norm_by_std=None):
+    rows = _metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    eval_keys = ["eval/success_rate", "eval/success_ci95"] + (
+        ["eval/score", "eval/score_ci95"] if env == "webshop" else []
+    )
+    assert set(eval_keys) <= set(rows[1]) and "eval/success_rate" not in rows[0]
+    assert ("eval/score" in rows[1]) == (env == "webshop")
+    for r in rows:
+        missing = [k for k in KEYS + (SWAP_KEYS if mode == "swap" else []) if k not in r]
+        assert not missing, f"{env} {mode}: missing {missing}"
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
+        if mode != "swap":
+            assert not any(k.startswith(("explorer/", "is_weight/")) for k in r)
+        # every member of a task group starts from the same state: the t=0 anchors always form a step group
+        assert r["gigpo/step_group_size_max"] >= 2 and r["gigpo/nonsingleton_turn_frac"] > 0
+        assert r["gigpo/num_step_groups"] >= 2  # at least one per task group
+    assert 0 < rows[0]["env_steps"] < rows[1]["env_steps"]
+    if mode == "swap":
+        # explorer steps count too: 2 tasks x (2 policy + 2 explorer) episodes of at least one step each
+        assert rows[0]["env_steps"] >= 8 and rows[0]["buffer/sampled"] >= 4
+    assert (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert (run_dir / "model" / "config.json").is_file()
+    config = json.loads((run_dir / "config.json").read_text())["args"]
+    assert config["reward_mode"] == mode and config["env"] == env
+    # per-benchmark default: ALFWorld mean/std, WebShop mean-only
+    assert config["norm_adv_by_std"] == (env == "alfworld" if norm_by_std is None else norm_by_std)
+
+
+@pytest.fixture(scope="module")
+def swap_run(repo_root, script_env, tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("gigpo_swap")
+    _run_script(repo_root, script_env, "--env", "alfworld", "--track", "--runs-dir", str(runs_dir))
+    return _only_run(runs_dir)
+
+
+def test_script_alfworld_swap_tracked(swap_run):
+    _check_run(swap_run, "alfworld", "swap")
+    assert (swap_run / "wandb").exists() or any(swap_run.rglob("*.wandb")), "the --track run left no wandb files"
+    ckpt = torch.load(swap_run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=False)
+    assert ckpt["iteration"] == 2 and {"policy", "ref", "explorer"} <= set(ckpt["modules"])
+    assert len(ckpt["extra"]["buffer"]["entries"]) >= 8  # 2 iterations x 2 tasks x 2 explorer rollouts
+
+
+@pytest.mark.parametrize(
+    "env,mode,extra",
+    [
+        ("alfworld", "outcome", ["--similarity-thresh", "0.9"]),
+        ("alfworld", "process", []),
+        ("webshop", "swap", ["--explorer-sync-every", "2", "--off-policy-correction", "none"]),
+        ("webshop", "outcome", ["--norm-adv-by-std"]),
+        ("webshop", "process", []),
+    ],
+)
+def test_script_env_and_reward_modes(repo_root, script_env, tmp_path, env, mode, extra):
+    _run_script(repo_root, script_env, "--env", env, "--reward-mode", mode, *extra, "--runs-dir", str(tmp_path))
+    _check_run(_only_run(tmp_path), env, mode, norm_by_std=True if "--norm-adv-by-std" in extra else None)
+
+
+def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
+    before = _metrics(swap_run)
+    _run_script(
+        repo_root, script_env, "--env", "alfworld", "--num-iterations", "3", "--resume", str(swap_run),
+        "--runs-dir", str(swap_run.parent),
+    )  # fmt: skip
+    rows = _metrics(swap_run)
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert rows[:2] == before  # the earlier rows are kept as they were
+    assert rows[2]["env_steps"] > before[1]["env_steps"]
+    assert "eval/success_rate" in rows[2]  # the last iteration evaluates
+    ckpt = torch.load(swap_run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=False)
+    assert ckpt["iteration"] == 3
+    proc = _run_script(
+        repo_root, script_env, "--env", "alfworld", "--eval-only", "--resume", str(swap_run),
+        "--runs-dir", str(swap_run.parent),
+    )  # fmt: skip
+    assert "eval success_rate" in proc.stdout
