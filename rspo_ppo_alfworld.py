@@ -54,9 +54,9 @@ class Args:
     """`embedded`: the pure-Python ALFWorld replica; `real`: the original games on the TextWorld engine"""
     env_preset: Literal["small", "default"] = "small"
     """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
-    max_steps: int = 20
+    max_steps: int = 15
     """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
-    --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 20"""
+    --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 15"""
     history_len: int = 2
     """previous (observation, action) pairs shown in each turn's prompt"""
     max_prompt_tokens: int = 1024
@@ -79,7 +79,7 @@ class Args:
     # Algorithm specific arguments
     num_iterations: int = 30
     """training iterations (one rollout batch and one update each)"""
-    tasks_per_iteration: int = 8
+    tasks_per_iteration: int = 4
     """B: tasks per iteration"""
     group_size: int = 2
     """G_on: policy rollouts per task (PPO has no group baseline: 1 is allowed)"""
