@@ -59,8 +59,9 @@ class Args:
     expert needs at most 10)"""
     history_len: int = 2
     """previous (observation, action) pairs shown in each turn's prompt"""
-    max_prompt_tokens: int = 1024
-    """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
+    max_prompt_tokens: int | None = None
+    """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
+    capped by the model's context minus max_new_tokens"""
 
     # Model and rollout
     model_name: str = "tiny"
@@ -71,7 +72,7 @@ class Args:
     """prompts per HF generate call (None: all active envs at once)"""
     temperature: float = 1.0
     """sampling temperature of training rollouts (old log-probs are recomputed at the same temperature)"""
-    max_new_tokens: int = 24
+    max_new_tokens: int = 32
     """response budget per turn in tokens"""
 
     # Algorithm specific arguments
@@ -668,13 +669,15 @@ class Row:
     swapped: bool  # a buffered explorer turn: no KL / entropy term on it
     off_policy: bool  # sampled by another model than the one being trained: gets importance weights
     iteration: int  # the iteration that sampled it
+    turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
     old_logprobs: torch.Tensor | None = None  # [response_len], filled by prepare_rows
     ref_logprobs: torch.Tensor | None = None
     is_weights: torch.Tensor | None = None
 
 
-def make_rows(trajectories: list[Trajectory], turn_advantages: torch.Tensor, off_policy: list[bool]) -> list[Row]:
-    rows, k = [], 0
+def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offset: int = 0) -> list[Row]:
+    """Training rows of all turns with a response (advantages 0 until set_advantages)."""
+    rows, k = [], turn_offset
     for traj, off in zip(trajectories, off_policy):
         for turn in traj.turns:
             if turn.response_ids:  # an empty response has no token to train on
@@ -683,14 +686,20 @@ def make_rows(trajectories: list[Trajectory], turn_advantages: torch.Tensor, off
                         input_ids=turn.prompt_ids + turn.response_ids,
                         prompt_len=len(turn.prompt_ids),
                         behaviour_logprobs=turn.behaviour_logprobs,
-                        advantage=float(turn_advantages[k]),
+                        advantage=0.0,
                         swapped=traj.sampler == "explorer",
                         off_policy=off,
                         iteration=traj.iteration,
+                        turn_index=k,
                     )  # fmt: skip
                 )
             k += 1
     return rows
+
+
+def set_advantages(rows: list[Row], turn_advantages: torch.Tensor) -> None:
+    for r in rows:
+        r.advantage = float(turn_advantages[r.turn_index])
 
 
 def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
@@ -741,7 +750,9 @@ def response_logprobs(model, rows, *, temperature, pad_id, device, micro_batch_t
     was_training = model.training
     model.eval()
     out: list[torch.Tensor | None] = [None] * len(rows)
-    for chunk in pack_by_tokens([len(r.input_ids) for r in rows], micro_batch_tokens, padded=True):
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))  # less padding
+    for chunk in pack_by_tokens([len(rows[i].input_ids) for i in by_length], micro_batch_tokens, padded=True):
+        chunk = [by_length[i] for i in chunk]
         batch = collate([rows[i] for i in chunk], pad_id, device)
         with autocast():
             lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
@@ -753,13 +764,16 @@ def response_logprobs(model, rows, *, temperature, pad_id, device, micro_batch_t
 
 @torch.no_grad()
 def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
-    """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
+    """Fill old log-probs (the model before its update), reference log-probs (unless ref_model is None: kept) and
+    truncated IS weights per row."""
     kw = dict(temperature=temperature, pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
     old = response_logprobs(model, rows, autocast=autocast, **kw)
-    ref = response_logprobs(ref_model, rows, autocast=autocast, **kw)
+    ref = response_logprobs(ref_model, rows, autocast=autocast, **kw) if ref_model is not None else [None] * len(rows)
     for r, o, f in zip(rows, old, ref):
         behaviour = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-        r.old_logprobs, r.ref_logprobs = o, f
+        r.old_logprobs = o
+        if f is not None:
+            r.ref_logprobs = f
         r.is_weights = truncated_importance_weights(o, behaviour, is_cap, torch.tensor(r.off_policy))
 
 
@@ -784,7 +798,7 @@ def update(
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
         for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
-            mb_rows = [rows[order[i]] for i in minibatch]
+            mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
             n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
             n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
@@ -915,7 +929,10 @@ if __name__ == "__main__":
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
     short = models.is_tiny(args.model_name)
     context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
+    max_prompt_tokens = args.max_prompt_tokens
+    if max_prompt_tokens is None:
+        max_prompt_tokens = getattr(models, "TINY_CONFIG", {}).get("max_prompt_tokens", 512) if short else 4096
+    max_prompt_tokens = min(max_prompt_tokens, context - args.max_new_tokens)
     if args.rollout_backend == "vllm":
         # The engine starts from a save_pretrained folder; later weights are pushed into it by the generator.
         engine_path = logger.dir / "rollout_model"
@@ -945,13 +962,16 @@ if __name__ == "__main__":
     start_iteration, env_steps = 1, 0
     modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
     optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
+    if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
+        modules, optimizers = {"policy": policy}, {}
     if args.resume:
         state = logger.load_checkpoint(modules, optimizers)
         if not state:
             raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
         start_iteration = state["iteration"] + 1
         env_steps = state["extra"]["env_steps"]
-        buffer.load_state_dict(state["extra"]["buffer"])
+        if not args.eval_only:
+            buffer.load_state_dict(state["extra"]["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
     def save(iteration: int):
@@ -1009,6 +1029,12 @@ if __name__ == "__main__":
         update_s, trained_tokens = 0.0, 0
 
         try:
+            # Old and reference log-probs of the policy's turns, before any update (shared by a synced explorer).
+            t0 = time.perf_counter()
+            rows = make_rows(batch, off_policy=[False] * len(batch))
+            prepare_rows(policy, ref_model, rows, **prepare_kw)
+            update_s += time.perf_counter() - t0
+
             # THE SWAP (RSPO): explorer step on the process reward, explorer rollouts, swap to outcome, buffer
             train_trajs = batch
             if swap:
@@ -1020,9 +1046,12 @@ if __name__ == "__main__":
                     group["lr"] = explorer_lr * warmup
                 # The explorer's GiGPO: process returns for A^E, per-turn process rewards for the step returns.
                 _, turn_adv, _ = gigpo_turn_advantages(batch, "process", **adv_kw)
-                # When the explorer was not just synced, the policy's batch is off-policy for it.
-                explorer_rows = make_rows(batch, turn_adv, off_policy=[not synced] * len(batch))
-                prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                explorer_rows = [dataclasses.replace(r) for r in rows]
+                set_advantages(explorer_rows, turn_adv)
+                if not synced:  # the policy's batch is off-policy for the explorer: its own old log-probs, IS weights
+                    for r in explorer_rows:
+                        r.off_policy = True
+                    prepare_rows(explorer, None, explorer_rows, **prepare_kw)
                 estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
                 update_s += time.perf_counter() - t0
                 trained_tokens += estats["trained_tokens"]
@@ -1040,32 +1069,38 @@ if __name__ == "__main__":
                 metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
                 metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
                 buffer.add(swap_rewards(extra), iteration)
-                train_trajs = batch + buffer.sample(task_seeds, iteration)
+                buffered = buffer.sample(task_seeds, iteration)
+                train_trajs = batch + buffered
                 metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(train_trajs) - len(batch)
+                metrics["buffer/sampled"] = len(buffered)
+
+                t0 = time.perf_counter()
+                n_batch_turns = sum(len(t.turns) for t in batch)
+                swapped_rows = make_rows(buffered, off_policy=[True] * len(buffered), turn_offset=n_batch_turns)
+                prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
+                rows += swapped_rows
+                update_s += time.perf_counter() - t0
+                if swapped_rows:
+                    w = torch.cat([r.is_weights for r in swapped_rows])
+                    iw = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
+                    metrics.update({f"is_weight/{k}": v for k, v in iw.items()})
+                fresh = [r for r in swapped_rows if r.iteration == iteration]
+                if fresh:  # KL(explorer || policy) on this iteration's explorer tokens: k3 with pi_policy / pi_explorer
+                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
+                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
+                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
 
             # ADVANTAGES: GiGPO over each task's episode group and anchor-state groups (swapped members included)
             t0 = time.perf_counter()
             adv_policy_only, _, _ = gigpo_turn_advantages(batch, policy_reward, **adv_kw)
             adv, turn_adv, gstats = gigpo_turn_advantages(train_trajs, policy_reward, **adv_kw)
+            set_advantages(rows, turn_adv)
             metrics.update(gstats)
             metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
             if swap:
                 metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajs, adv)
 
             # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
-            rows = make_rows(train_trajs, turn_adv, off_policy=[t.sampler == "explorer" for t in train_trajs])
-            prepare_rows(policy, ref_model, rows, **prepare_kw)
-            swapped_rows = [r for r in rows if r.swapped]
-            if swapped_rows:
-                w = torch.cat([r.is_weights for r in swapped_rows])
-                iw = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
-                metrics.update({f"is_weight/{k}": v for k, v in iw.items()})
-                # KL(explorer || policy) on this iteration's explorer tokens: k3 with ratio pi_policy / pi_explorer.
-                fresh = [r for r in swapped_rows if r.iteration == iteration]
-                lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
-                lp_policy = torch.cat([r.old_logprobs for r in fresh])
-                metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
             pstats = update(policy, optimizer, rows, epochs=args.update_epochs, **update_kw)
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]

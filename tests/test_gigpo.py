@@ -496,3 +496,48 @@ def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
         "--runs-dir", str(swap_run.parent),
     )  # fmt: skip
     assert "eval success_rate" in proc.stdout
+
+
+def test_rows_skip_empty_responses_and_keep_turn_indices():
+    a, b = _traj(0, ["x", "y", "z"], False), _traj(0, ["x"], True, sampled_by="explorer")
+    a.turns[1].response_ids, a.turns[1].behaviour_logprobs = [], []
+    rows = gg.make_rows([a], off_policy=[False]) + gg.make_rows([b], off_policy=[True], turn_offset=3)
+    assert [r.turn_index for r in rows] == [0, 2, 3]
+    gg.set_advantages(rows, torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert [r.advantage for r in rows] == [1.0, 3.0, 4.0]
+    assert [r.swapped for r in rows] == [False, False, True] and rows[2].off_policy
+
+
+def test_update_is_the_same_under_gradient_accumulation():
+    """Token-mean over the minibatch: one row per micro-batch gives the same step as one micro-batch for all."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def lm(seed):
+        torch.manual_seed(seed)
+        cfg = Qwen2Config(
+            vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64,
+        )  # fmt: skip
+        return Qwen2ForCausalLM(cfg)
+
+    gen = torch.Generator().manual_seed(3)
+    params = []
+    for micro in (10_000, 1):
+        model, ref = lm(0), lm(1)
+        rows = []
+        for i in range(5):
+            p, r = 3 + i % 3, 2 + i % 2
+            ids = torch.randint(1, 40, (p + r,), generator=gen.manual_seed(i)).tolist()
+            rows.append(gg.Row(ids, p, [-3.0] * r, float(i - 2), swapped=i == 4, off_policy=i == 4, iteration=1))
+        kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=gg.nullcontext)
+        gg.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=micro, **kw)
+        assert all(torch.all(r.is_weights == 1) for r in rows[:4]) and torch.all(rows[4].is_weights <= 2.0)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        stats = gg.update(
+            model, opt, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=micro, clip_coef=0.2,
+            dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9, use_is_weights=True, **kw,
+        )  # fmt: skip
+        assert stats["clip_frac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-10)
+        params.append(torch.cat([q.detach().flatten() for q in model.parameters()]))
+    torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
+    assert not torch.equal(params[0], torch.cat([q.detach().flatten() for q in lm(0).parameters()]))
