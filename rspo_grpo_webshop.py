@@ -56,8 +56,9 @@ class Args:
     """environment steps per episode (WebShop's limit is 15)"""
     history_len: int = 2
     """previous (observation, action) pairs shown in each turn's prompt"""
-    max_prompt_tokens: int = 1024
-    """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
+    max_prompt_tokens: Optional[int] = None
+    """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
+    capped by the model's context minus max_new_tokens"""
 
     # Model and rollout
     model_name: str = "tiny"
@@ -68,7 +69,7 @@ class Args:
     """prompts per HF generate call (None: all active envs at once)"""
     temperature: float = 1.0
     """sampling temperature of training rollouts (old log-probs are recomputed at the same temperature)"""
-    max_new_tokens: int = 24
+    max_new_tokens: int = 32
     """response budget per turn in tokens"""
 
     # Algorithm specific arguments
@@ -462,13 +463,15 @@ class Row:
     swapped: bool  # a buffered explorer turn: no KL / entropy term on it
     off_policy: bool  # sampled by another model than the one being trained: gets importance weights
     iteration: int  # the iteration that sampled it
+    turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
     old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
     ref_logprobs: Optional[torch.Tensor] = None
     is_weights: Optional[torch.Tensor] = None
 
 
-def make_rows(trajectories: list[Trajectory], turn_advantages: torch.Tensor, off_policy: list[bool]) -> list[Row]:
-    rows, k = [], 0
+def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offset: int = 0) -> list[Row]:
+    """Training rows of all turns with a response (advantages 0 until set_advantages)."""
+    rows, k = [], turn_offset
     for traj, off in zip(trajectories, off_policy):
         for turn in traj.turns:
             if turn.response_ids:  # an empty response has no token to train on
@@ -477,14 +480,20 @@ def make_rows(trajectories: list[Trajectory], turn_advantages: torch.Tensor, off
                         input_ids=turn.prompt_ids + turn.response_ids,
                         prompt_len=len(turn.prompt_ids),
                         behaviour_logprobs=turn.behaviour_logprobs,
-                        advantage=float(turn_advantages[k]),
+                        advantage=0.0,
                         swapped=traj.sampler == "explorer",
                         off_policy=off,
                         iteration=traj.iteration,
+                        turn_index=k,
                     )  # fmt: skip
                 )
             k += 1
     return rows
+
+
+def set_advantages(rows: list[Row], turn_advantages: torch.Tensor) -> None:
+    for r in rows:
+        r.advantage = float(turn_advantages[r.turn_index])
 
 
 def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
@@ -532,22 +541,24 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
 
 @torch.no_grad()
 def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
-    """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
+    """Fill old log-probs (the model before its update), reference log-probs (unless ref_model is None: kept) and
+    truncated IS weights per row."""
     was_training = model.training
     model.eval()
-    for chunk in pack_by_tokens([len(r.input_ids) for r in rows], micro_batch_tokens, padded=True):
+    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))  # less padding
+    for chunk in pack_by_tokens([len(rows[i].input_ids) for i in by_length], micro_batch_tokens, padded=True):
+        chunk = [by_length[i] for i in chunk]
         batch = collate([rows[i] for i in chunk], pad_id, device)
         with autocast():
             old, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
-            ref, _ = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature)
+            if ref_model is not None:
+                ref, _ = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature)
         w = truncated_importance_weights(old, batch["behaviour"], is_cap, batch["off_policy"])
         for k, i in enumerate(chunk):
             m = batch["response_mask"][k]
-            rows[i].old_logprobs, rows[i].ref_logprobs, rows[i].is_weights = (
-                old[k][m].cpu(),
-                ref[k][m].cpu(),
-                w[k][m].cpu(),
-            )
+            rows[i].old_logprobs, rows[i].is_weights = old[k][m].cpu(), w[k][m].cpu()
+            if ref_model is not None:
+                rows[i].ref_logprobs = ref[k][m].cpu()
     model.train(was_training)
 
 
@@ -567,14 +578,13 @@ def update(
     """
     model.train()
     sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip": 0.0, "tokens": 0, "own": 0}
-    n_minibatches, trained_tokens = 0, 0
+    trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
         for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
-            mb_rows = [rows[order[i]] for i in minibatch]
+            mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
             n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
             n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
-            mb_loss = 0.0
             optimizer.zero_grad(set_to_none=True)
             for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
@@ -594,7 +604,6 @@ def update(
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"loss = {loss.item()}")
                 loss.backward()
-                mb_loss += loss.item()
                 with torch.no_grad():
                     log_ratio = (logprobs - b["old"])[mask]
                     sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
@@ -607,7 +616,6 @@ def update(
                 trained_tokens += int(b["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
-            n_minibatches += 1
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {
         "policy_loss": sums["policy_loss"] / n,
@@ -700,7 +708,10 @@ if __name__ == "__main__":
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
     short = models.is_tiny(args.model_name)
     context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
+    max_prompt_tokens = args.max_prompt_tokens
+    if max_prompt_tokens is None:
+        max_prompt_tokens = getattr(models, "TINY_CONFIG", {}).get("max_prompt_tokens", 512) if short else 4096
+    max_prompt_tokens = min(max_prompt_tokens, context - args.max_new_tokens)
     generator = generation.make_generator(
         args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens,
         **({"model_path": args.model_name} if args.rollout_backend == "vllm" else {"batch_size": args.generation_batch_size}),
@@ -725,13 +736,16 @@ if __name__ == "__main__":
     start_iteration, env_steps = 1, 0
     modules = {"policy": policy, **({"explorer": explorer} if swap else {})}
     optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
+    if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
+        modules, optimizers = {"policy": policy}, {}
     if args.resume:
         state = logger.load_checkpoint(modules, optimizers)
         if not state:
             raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
         start_iteration = state["iteration"] + 1
         env_steps = state["extra"]["env_steps"]
-        buffer.load_state_dict(state["extra"]["buffer"])
+        if not args.eval_only:
+            buffer.load_state_dict(state["extra"]["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
     def save(iteration: int):
@@ -785,6 +799,12 @@ if __name__ == "__main__":
         update_s, trained_tokens = 0.0, 0
 
         try:
+            # Old and reference log-probs of the policy's turns, before any update (shared by a synced explorer).
+            t0 = time.perf_counter()
+            rows = make_rows(batch, off_policy=[False] * len(batch))
+            prepare_rows(policy, ref_model, rows, **prepare_kw)
+            update_s += time.perf_counter() - t0
+
             # THE SWAP (RSPO): explorer step on the process reward, explorer rollouts, swap to outcome, buffer
             train_trajs = batch
             if swap:
@@ -795,9 +815,12 @@ if __name__ == "__main__":
                 for group in explorer_optimizer.param_groups:
                     group["lr"] = explorer_lr * warmup
                 _, turn_adv = grpo_turn_advantages(batch, "process", args.norm_adv_by_std, args.invalid_penalty)
-                # When the explorer was not just synced, the policy's batch is off-policy for it.
-                explorer_rows = make_rows(batch, turn_adv, off_policy=[not synced] * len(batch))
-                prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                explorer_rows = [dataclasses.replace(r) for r in rows]
+                set_advantages(explorer_rows, turn_adv)
+                if not synced:  # the policy's batch is off-policy for the explorer: its own old log-probs, IS weights
+                    for r in explorer_rows:
+                        r.off_policy = True
+                    prepare_rows(explorer, None, explorer_rows, **prepare_kw)
                 estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
                 update_s += time.perf_counter() - t0
                 trained_tokens += estats["trained_tokens"]
@@ -815,35 +838,37 @@ if __name__ == "__main__":
                 metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
                 metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
                 buffer.add(swap_rewards(extra), iteration)
-                train_trajs = batch + buffer.sample(task_seeds, iteration)
+                buffered = buffer.sample(task_seeds, iteration)
+                train_trajs = batch + buffered
                 metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(train_trajs) - len(batch)
+                metrics["buffer/sampled"] = len(buffered)
+
+                t0 = time.perf_counter()
+                n_batch_turns = sum(len(t.turns) for t in batch)
+                swapped_rows = make_rows(buffered, off_policy=[True] * len(buffered), turn_offset=n_batch_turns)
+                prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
+                rows += swapped_rows
+                update_s += time.perf_counter() - t0
+                if swapped_rows:
+                    w = torch.cat([r.is_weights for r in swapped_rows])
+                    w_stats = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
+                    metrics.update({f"is_weight/{k}": v for k, v in w_stats.items()})
+                fresh = [r for r in swapped_rows if r.iteration == iteration]
+                if fresh:  # KL(explorer || policy) on this iteration's explorer tokens: k3 with pi_policy / pi_explorer
+                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
+                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
+                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
 
             # ADVANTAGES: GRPO over each task's group (swapped trajectories are members), broadcast to turns
             t0 = time.perf_counter()
             adv_policy_only, _ = grpo_turn_advantages(batch, policy_reward, args.norm_adv_by_std, 0.0)
             adv, turn_adv = grpo_turn_advantages(train_trajs, policy_reward, args.norm_adv_by_std, args.invalid_penalty)
+            set_advantages(rows, turn_adv)
             metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
             if swap:
                 metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajs, adv)
 
             # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
-            rows = make_rows(train_trajs, turn_adv, off_policy=[t.sampler == "explorer" for t in train_trajs])
-            prepare_rows(policy, ref_model, rows, **prepare_kw)
-            swapped_rows = [r for r in rows if r.swapped]
-            if swapped_rows:
-                w = torch.cat([r.is_weights for r in swapped_rows])
-                metrics.update(
-                    {
-                        f"is_weight/{k}": v
-                        for k, v in importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool)).items()
-                    }
-                )
-                # KL(explorer || policy) on this iteration's explorer tokens: k3 with ratio pi_policy / pi_explorer.
-                fresh = [r for r in swapped_rows if r.iteration == iteration]
-                lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
-                lp_policy = torch.cat([r.old_logprobs for r in fresh])
-                metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
             pstats = update(policy, optimizer, rows, epochs=args.update_epochs, **update_kw)
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]
@@ -887,6 +912,10 @@ if __name__ == "__main__":
         if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
             metrics.update(run_eval(iteration))
         logger.log(metrics, step=iteration)
+        print(
+            f"iter {iteration}: env_steps {env_steps} train success {metrics['train/success_rate']:.3f} "
+            f"rollout {rollout_s:.1f}s update {update_s:.1f}s"
+        )
         if last or iteration % args.checkpoint_every == 0:
             save(iteration)
 

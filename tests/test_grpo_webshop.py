@@ -164,7 +164,9 @@ def test_explorer_process_rewards_never_reach_the_policy_update():
         buffer.add(g.swap_rewards(explorer), iteration=1)
         batch = policy + buffer.sample([1, 2], iteration=1)
         _, turn_adv = g.grpo_turn_advantages(batch, "outcome", True, 0.1)
-        return g.make_rows(batch, turn_adv, off_policy=[t.sampler == "explorer" for t in batch])
+        rows = g.make_rows(batch, off_policy=[t.sampler == "explorer" for t in batch])
+        g.set_advantages(rows, turn_adv)
+        return rows
 
     a, b = policy_rows(0.0), policy_rows(123.0)
     assert [r.advantage for r in a] == [r.advantage for r in b]
