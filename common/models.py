@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from common.prompts import build_prompt
+from common.prompts import build_prompt, encode_prompt, format_response, parse_action
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m"
@@ -38,7 +38,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Everything that determines the tiny model; its hash names the cache folder (with the env's own fingerprint).
 TINY_CONFIG = {
-    "version": 1,
+    "version": 2,
     "vocab_size": 1536,
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -49,14 +49,14 @@ TINY_CONFIG = {
     # prompts of the warm start (and of the scripts with --model-name tiny)
     "history_len": 2,
     "max_prompt_tokens": 512,
-    "max_new_tokens": 48,
+    "max_new_tokens": 32,
     # behaviour cloning
     "bc_train_seeds": 256,
     "bc_batch_size": 16,
     "bc_learning_rate": 3e-3,
     "bc_warmup_steps": 10,
-    "bc_max_steps": 400,
-    "bc_eval_every": 25,
+    "bc_max_steps": 200,
+    "bc_eval_every": 50,
     "bc_eval_tasks": 32,
     "bc_eval_temperature": 1.0,
     "success_band": (0.10, 0.40),
@@ -332,22 +332,203 @@ def build_tiny(
             return final
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        with torch.random.fork_rng(devices=[]):
-            report = _build_tiny_into(tmp, env_name, preset, seed, cfg, corpus)
+        # One thread: the same floating-point reduction order on every machine (the build is deterministic),
+        # and no slowdown when several test workers share the cores.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with torch.random.fork_rng(devices=[]):
+                report = _build_tiny_into(tmp, env_name, preset, seed, cfg, corpus)
+        finally:
+            torch.set_num_threads(threads)
         report.update(env=env_name, preset=preset, seed=seed, config=cfg)
         (tmp / "warmstart.json").write_text(json.dumps(report, indent=2) + "\n")
         os.replace(tmp, final)
     return final
 
 
+def collect_expert_turns(env_name: str, preset: str, seeds: list[int]) -> list[tuple[str, str, list, list[str], str]]:
+    """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
+
+    history holds the (observation, action) pairs of the episode's previous turns, as the scripts build it.
+    """
+    env = _env_module(env_name).make_env(backend="embedded", preset=preset)
+    turns = []
+    for seed in seeds:
+        obs, info = env.reset(seed)
+        history: list[tuple[str, str]] = []
+        done = False
+        while not done:
+            action = info["expert_action"]
+            turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
+            history.append((obs, action))
+            obs, _, done, info = env.step(action)
+    return turns
+
+
+def evaluate_success(
+    model,
+    tokenizer,
+    env_name: str,
+    preset: str,
+    seeds: list[int],
+    *,
+    temperature: float = 1.0,
+    history_len: int = 2,
+    max_prompt_tokens: int = 512,
+    max_new_tokens: int = 48,
+) -> float:
+    """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each)."""
+    from common.envs import LockstepEnvs
+    from common.generation import HFGenerator
+
+    envs = LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
+    generator = HFGenerator(tokenizer, max_new_tokens=max_new_tokens)
+    obs, infos = envs.reset(seeds)
+    histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
+    won = [False] * len(seeds)
+    while any(envs.active):
+        live = [i for i, a in enumerate(envs.active) if a]
+        prompts = [
+            encode_prompt(
+                tokenizer,
+                infos[i]["task"],
+                obs[i],
+                histories[i],
+                infos[i]["admissible_actions"],
+                history_len=history_len,
+                short=True,
+                max_prompt_tokens=max_prompt_tokens,
+            )
+            for i in live
+        ]
+        actions: list[str | None] = [None] * len(seeds)
+        for i, gen in zip(live, generator.generate(model, prompts, temperature=temperature)):
+            actions[i] = parse_action(gen.text)[0]
+            histories[i].append((obs[i], actions[i]))
+        obs, _, _, infos = envs.step(actions)
+        for i in live:
+            won[i] = won[i] or bool(infos[i]["won"])
+    return sum(won) / len(won)
+
+
+def _bc_batches(examples: list[tuple[list[int], list[int]]], batch_size: int, generator: torch.Generator):
+    """Endless shuffled epochs of right-padded (input_ids, attention_mask, labels); labels -100 off the response."""
+    while True:
+        order = torch.randperm(len(examples), generator=generator).tolist()
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            rows = [examples[k] for k in order[start : start + batch_size]]
+            width = max(len(p) + len(r) for p, r in rows)
+            ids = torch.zeros((len(rows), width), dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            labels = torch.full_like(ids, -100)
+            for b, (p, r) in enumerate(rows):
+                n = len(p) + len(r)
+                ids[b, :n] = torch.tensor(p + r)
+                mask[b, :n] = 1
+                labels[b, len(p) : n] = torch.tensor(r)
+            yield ids, mask, labels
+
+
+def behaviour_clone(
+    model, examples, *, steps: int, batch_size: int, learning_rate: float, warmup_steps: int, seed: int
+):
+    """Generator of BC steps on (prompt_ids, response_ids) examples: cross-entropy on response tokens only.
+
+    AdamW, linear warm-up then a constant learning rate; yields the loss of every step. Deterministic given seed.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
+    batches = _bc_batches(examples, batch_size, generator)
+    model.train()
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate * min(1.0, (step + 1) / max(1, warmup_steps))
+        ids, mask, labels = next(batches)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        yield loss.item()
+
+
 def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int, cfg: dict, corpus: list[str]):
     start = time.time()
-    # The short prompt form's field names join the corpus, so that they are single tokens.
-    templates = [build_prompt(text, text, [(text, text)], [text], short=True) for text in corpus[:64]]
-    tokenizer = train_tiny_tokenizer(corpus + templates, cfg["vocab_size"])
+    env = _env_module(env_name)
+    train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
+    turns = collect_expert_turns(env_name, preset, train_seeds)
+    prompts = [build_prompt(t, o, h, a, history_len=cfg["history_len"], short=True) for t, o, h, a, _ in turns]
+    responses = [format_response(action, short=True) for *_, action in turns]
+    tokenizer = train_tiny_tokenizer(corpus + prompts + responses, cfg["vocab_size"])
+    tokenizer.model_max_length = cfg["max_position_embeddings"]
     model = _tiny_model(tokenizer, cfg, seed)
-    report = {"warm_start": False, "success": None, "bc_steps": 0}
-    report["parameters"] = sum(p.numel() for p in model.parameters())
+    report: dict = {"parameters": sum(p.numel() for p in model.parameters()), "expert_turns": len(turns)}
+
+    evals = []
+    if cfg["warm_start"]:
+        examples = [
+            (
+                encode_prompt(
+                    tokenizer,
+                    t,
+                    o,
+                    h,
+                    a,
+                    history_len=cfg["history_len"],
+                    short=True,
+                    max_prompt_tokens=cfg["max_prompt_tokens"],
+                ),
+                tokenizer(r).input_ids,
+            )
+            for (t, o, h, a, _), r in zip(turns, responses)
+        ]
+        eval_seeds = train_seeds[: cfg["bc_eval_tasks"]]
+        low, high = cfg["success_band"]
+
+        def success() -> float:
+            torch.manual_seed(seed)
+            return evaluate_success(
+                model,
+                tokenizer,
+                env_name,
+                preset,
+                eval_seeds,
+                temperature=cfg["bc_eval_temperature"],
+                history_len=cfg["history_len"],
+                max_prompt_tokens=cfg["max_prompt_tokens"],
+                max_new_tokens=cfg["max_new_tokens"],
+            )
+
+        steps = behaviour_clone(
+            model,
+            examples,
+            steps=cfg["bc_max_steps"],
+            batch_size=cfg["bc_batch_size"],
+            learning_rate=cfg["bc_learning_rate"],
+            warmup_steps=cfg["bc_warmup_steps"],
+            seed=seed,
+        )
+        best = None  # (distance to the band, step, success, state_dict)
+        for step, loss in enumerate(steps, start=1):
+            if step % cfg["bc_eval_every"] and step != cfg["bc_max_steps"]:
+                continue
+            rate = success()
+            evals.append(
+                {"step": step, "loss": round(loss, 4), "success": rate, "seconds": round(time.time() - start, 1)}
+            )
+            distance = max(low - rate, rate - high, 0.0)
+            if best is None or distance < best[0]:
+                best = (distance, step, rate, {k: v.clone() for k, v in model.state_dict().items()})
+            if distance == 0.0 or rate > high:
+                break
+        _, bc_steps, rate, state = best
+        model.load_state_dict(state)
+        report.update(warm_start=True, success=rate, bc_steps=bc_steps, in_band=low <= rate <= high)
+    else:
+        report.update(warm_start=False, success=None, bc_steps=0, in_band=None)
+    model.eval()
+    report["evaluations"] = evals
     report["build_seconds"] = round(time.time() - start, 1)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -171,3 +171,87 @@ def test_smollm2_loads_offline_and_generates(tmp_path):
     assert out[0].token_ids == out[1].token_ids
     json.dumps([o.text for o in out])
     assert models.SMOLLM2 in model.name_or_path
+
+
+SMALL_TINY = dict(
+    models.TINY_CONFIG,
+    vocab_size=600,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    max_prompt_tokens=256,
+    max_new_tokens=12,
+    bc_train_seeds=6,
+    bc_batch_size=4,
+    bc_max_steps=4,
+    bc_eval_every=2,
+    bc_eval_tasks=3,
+)
+
+
+def test_behaviour_cloning_is_deterministic_and_learns(small_tokenizer):
+    examples = [
+        (small_tokenizer(t).input_ids[:20], small_tokenizer("<action>go to desk 1</action>").input_ids) for t in TEXTS
+    ]
+
+    def run():
+        model = small_model(small_tokenizer, seed=3)
+        losses = list(
+            models.behaviour_clone(model, examples, steps=12, batch_size=2, learning_rate=3e-3, warmup_steps=2, seed=7)
+        )
+        return model, losses
+
+    (a, la), (b, lb) = run(), run()
+    assert la == lb
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert la[-1] < la[0]
+
+
+def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    path = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
+    assert torch.equal(torch.rand(3), expected)  # the build did not consume the caller's random numbers
+    report = json.loads((path / "warmstart.json").read_text())
+    assert report["warm_start"] and report["bc_steps"] in (2, 4) and 0.0 <= report["success"] <= 1.0
+    assert report["in_band"] == (0.10 <= report["success"] <= 0.40)
+    assert [e["step"] for e in report["evaluations"]][0] == 2
+    assert path.name.startswith("alfworld-small-seed1-")
+    # a second build elsewhere gives the same weights; the cached folder is found again without a rebuild
+    other = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "b"), config=SMALL_TINY)
+    m1, t1 = load_model(str(path))
+    m2, _ = load_model(str(other))
+    assert all(torch.equal(x, y) for x, y in zip(m1.state_dict().values(), m2.state_dict().values()))
+    mtime = (path / "warmstart.json").stat().st_mtime
+    assert models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY) == path
+    assert (path / "warmstart.json").stat().st_mtime == mtime
+    # another seed is another model
+    seed2 = models.build_tiny("alfworld", "small", 2, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
+    assert seed2 != path
+    # the saved tokenizer is the trained one: round trip on env text, action tags single tokens
+    text = "You arrive at countertop 1. On the countertop 1, you see a apple 2. <action>go to fridge 1</action>"
+    assert t1.decode(t1(text).input_ids) == text and len(t1("</action>").input_ids) == 1
+    assert t1.padding_side == "left" and t1.pad_token_id != t1.eos_token_id
+    assert m1.config.tie_word_embeddings and m1.config.model_type == "qwen2"
+
+
+def test_untrained_tiny_and_unknown_env(tmp_path):
+    path = models.build_tiny("webshop", "small", 1, cache_dir=str(tmp_path), warm_start=False, config=SMALL_TINY)
+    report = json.loads((path / "warmstart.json").read_text())
+    assert report["warm_start"] is False and report["bc_steps"] == 0
+    with pytest.raises(ValueError, match="unknown env"):
+        models.build_tiny("minigrid", cache_dir=str(tmp_path), config=SMALL_TINY)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["webshop", "alfworld"])
+def test_tiny_warm_start_reaches_its_band(env_name):
+    model, tok = load_model("tiny", env_name=env_name, preset="small", seed=1)
+    report = json.loads((models.pathlib.Path(model.name_or_path) / "warmstart.json").read_text())
+    assert 5e5 <= report["parameters"] <= 5e6
+    low, high = models.TINY_CONFIG["success_band"]
+    assert low <= report["success"] <= high, report["evaluations"]
