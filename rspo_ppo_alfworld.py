@@ -563,6 +563,12 @@ def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[i
     return chunks
 
 
+def length_sorted_chunks(lengths: list[int], budget: int) -> list[list[int]]:
+    """Padded micro-batches of indices grouped by similar length (less padding); every index appears once."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [[order[j] for j in chunk] for chunk in pack_by_tokens([lengths[i] for i in order], budget, padded=True)]
+
+
 def right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
@@ -581,7 +587,7 @@ def critic_values(
     """Critic values of each sequence (prompt + response, the response may be empty): [1] at the last prompt
     token, or with per_token [len(seq) - prompt_len] before every response token (entry 0 = last prompt token)."""
     out: list[torch.Tensor] = [torch.zeros(0)] * len(seqs)
-    for chunk in pack_by_tokens([len(s) for s in seqs], micro_batch_tokens, padded=True):
+    for chunk in length_sorted_chunks([len(s) for s in seqs], micro_batch_tokens):
         ids, mask = right_pad([seqs[i] for i in chunk], pad_id, device)
         with autocast():
             v = critic(ids, mask).float()
@@ -725,7 +731,7 @@ def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device,
     """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
     was_training = model.training
     model.eval()
-    for chunk in pack_by_tokens([len(r.input_ids) for r in rows], micro_batch_tokens, padded=True):
+    for chunk in length_sorted_chunks([len(r.input_ids) for r in rows], micro_batch_tokens):
         batch = collate([rows[i] for i in chunk], pad_id, device)
         with autocast():
             old, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
@@ -770,7 +776,8 @@ def update(
             n_values = sum(len(r.returns) for r in mb_rows if not r.swapped)
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
-            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
+            # gradient accumulation does not depend on the order of the micro-batches: group similar lengths
+            for chunk in length_sorted_chunks([len(r.input_ids) for r in mb_rows], micro_batch_tokens):
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask = b["response_mask"]
                 with autocast():
@@ -1020,6 +1027,7 @@ if __name__ == "__main__":
         try:
             # THE SWAP (RSPO): explorer PPO step on the process reward, explorer rollouts, swap to outcome, buffer
             train_trajs = batch
+            shared_logprobs = None  # (old, ref) log-probs of the policy batch's rows, when the explorer was synced
             if swap:
                 t0 = time.perf_counter()
                 synced = (iteration - 1) % args.explorer_sync_every == 0
@@ -1033,6 +1041,8 @@ if __name__ == "__main__":
                 # When the explorer was not just synced, the policy's batch is off-policy for it.
                 explorer_rows = make_rows(batch, e_adv, e_ret, e_val, off_policy=[not synced] * len(batch))
                 prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                if synced:  # same weights as the policy: its old log-probs on the batch are the policy's too
+                    shared_logprobs = [(r.input_ids, r.old_logprobs, r.ref_logprobs) for r in explorer_rows]
                 estats = update(
                     explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
                     epochs=explorer_epochs, **update_kw,
@@ -1066,7 +1076,15 @@ if __name__ == "__main__":
 
             # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
             rows = make_rows(train_trajs, adv, ret, old_v, off_policy=[t.sampler == "explorer" for t in train_trajs])
-            prepare_rows(policy, ref_model, rows, **prepare_kw)
+            if shared_logprobs is not None:
+                # the batch's rows come first in `rows`, in the same order as the explorer's rows
+                for r, (ids, old, ref) in zip(rows, shared_logprobs):
+                    if r.input_ids != ids:
+                        raise RuntimeError("the policy batch's rows are not in the explorer's order")
+                    r.old_logprobs, r.ref_logprobs, r.is_weights = old, ref, torch.ones_like(old)
+                prepare_rows(policy, ref_model, rows[len(shared_logprobs) :], **prepare_kw)
+            else:
+                prepare_rows(policy, ref_model, rows, **prepare_kw)
             swapped_rows = [r for r in rows if r.swapped]
             if swapped_rows:
                 w = torch.cat([r.is_weights for r in swapped_rows])

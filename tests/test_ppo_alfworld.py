@@ -422,3 +422,12 @@ def test_non_finite_loss_is_reported(tiny_lm, tiny_critic):
             rows, epochs=1, minibatch_tokens=10**6, micro_batch_tokens=4096, clip_coef=0.2, dual_clip=3.0,
             vf_clip=2.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, use_is_weights=True, **kw,
         )  # fmt: skip
+
+
+def test_length_sorted_chunks_cover_every_index_once():
+    lengths = [5, 40, 7, 38, 6, 100]
+    chunks = p.length_sorted_chunks(lengths, budget=80)
+    assert sorted(i for c in chunks for i in c) == list(range(6))
+    for c in chunks:  # within budget unless a single long row
+        assert len(c) == 1 or max(lengths[i] for i in c) * len(c) <= 80
+    assert [5] in chunks  # the longest row alone
