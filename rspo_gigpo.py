@@ -55,7 +55,7 @@ class Args:
     env_preset: Literal["small", "default"] = "small"
     """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
     max_steps: int | None = None
-    """environment steps per episode (None: WebShop 15; ALFWorld 50, or 20 for the embedded small preset, whose
+    """environment steps per episode (None: WebShop 15; ALFWorld 50, or 15 for the embedded small preset, whose
     expert needs at most 10)"""
     history_len: int = 2
     """previous (observation, action) pairs shown in each turn's prompt"""
@@ -891,8 +891,9 @@ if __name__ == "__main__":
     args = tyro.cli(Args, args=bool_flag_pair(sys.argv[1:], "norm-adv-by-std"))
     # Per-benchmark defaults (GiGPO's settings: ALFWorld mean/std normalisation, WebShop mean-only)
     if args.max_steps is None:
+        # ALFWorld's limit is 50; the embedded small preset's expert needs at most 10 steps, so 15 there (CPU time)
         small_alfworld = args.env == "alfworld" and args.env_backend == "embedded" and args.env_preset == "small"
-        args.max_steps = 15 if args.env == "webshop" else (20 if small_alfworld else 50)
+        args.max_steps = 50 if args.env == "alfworld" and not small_alfworld else 15
     if args.norm_adv_by_std is None:
         args.norm_adv_by_std = args.env == "alfworld"
     if args.eval_split is None:
