@@ -55,7 +55,7 @@ TINY_CONFIG = {
     "bc_batch_size": 16,
     "bc_learning_rate": 3e-3,
     "bc_warmup_steps": 10,
-    "bc_max_steps": 200,
+    "bc_max_steps": 400,
     "bc_eval_every": 50,
     "bc_eval_tasks": 32,
     "bc_eval_temperature": 1.0,
@@ -518,7 +518,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
                 {"step": step, "loss": round(loss, 4), "success": rate, "seconds": round(time.time() - start, 1)}
             )
             distance = max(low - rate, rate - high, 0.0)
-            if best is None or distance < best[0]:
+            if best is None or distance <= best[0]:  # ties: the more trained model
                 best = (distance, step, rate, {k: v.clone() for k, v in model.state_dict().items()})
             if distance == 0.0 or rate > high:
                 break
