@@ -15,6 +15,14 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# Under `pytest -n 2` each worker gets one core: two threads per worker oversubscribe a 2-core machine and run
+# the tiny models several times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
