@@ -79,6 +79,8 @@ class Args:
     # Algorithm specific arguments
     num_iterations: int = 30
     """training iterations (one rollout batch and one update each)"""
+    total_env_steps: int = 0
+    """stop after the iteration in which the environment steps (explorer included) reach this budget (0: none)"""
     tasks_per_iteration: int = 4
     """B: tasks per iteration"""
     group_size: int = 2
@@ -1135,12 +1137,14 @@ if __name__ == "__main__":
         corr = pearson(process, outcome)
         if corr is not None:
             metrics["train/process_outcome_corr"] = corr
-        last = iteration == args.num_iterations
+        last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
         if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
             metrics.update(run_eval(iteration))
         logger.log(metrics, step=iteration)
         if last or iteration % args.checkpoint_every == 0:
             save(iteration)
+        if last:
+            break
 
     if args.save_model:
         policy.save_pretrained(logger.dir / "model")
