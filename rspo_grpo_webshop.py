@@ -211,19 +211,33 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
 
     input_ids, attention_mask: [B, T] (right padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None,
-    both in float32 (position t predicts token t+1).
+    both float32 (position t predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax
+    run only where it is True and the other positions are 0: the losses read response tokens only, a few percent
+    of a multi-turn row, so this skips most of the vocabulary-sized work (the same numbers where the mask is True).
     """
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+    if response_mask is None:
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
+        logits, targets = hidden, input_ids[:, 1:]
+    else:
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        logits = model.get_output_embeddings()(hidden.last_hidden_state[:, :-1][response_mask])  # [K, V]
+        targets = input_ids[:, 1:][response_mask]
     logits = logits.float() / temperature
     log_z = torch.logsumexp(logits, dim=-1)
-    logprobs = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - log_z
-    entropy = None
-    if with_entropy:
-        entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    logprobs = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else None
+    if response_mask is not None:
+
+        def scatter(x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(response_mask.shape, dtype=x.dtype, device=x.device).masked_scatter(response_mask, x)
+
+        logprobs = scatter(logprobs)
+        entropy = scatter(entropy) if entropy is not None else None
     return logprobs, entropy
 
 
@@ -552,9 +566,17 @@ def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device,
         chunk = [by_length[i] for i in chunk]
         batch = collate([rows[i] for i in chunk], pad_id, device)
         with autocast():
-            old, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
+            old, _ = token_logprobs(
+                model, batch["input_ids"], batch["attention_mask"], temperature, response_mask=batch["response_mask"]
+            )
             if ref_model is not None:
-                ref, _ = token_logprobs(ref_model, batch["input_ids"], batch["attention_mask"], temperature)
+                ref, _ = token_logprobs(
+                    ref_model,
+                    batch["input_ids"],
+                    batch["attention_mask"],
+                    temperature,
+                    response_mask=batch["response_mask"],
+                )
         w = truncated_importance_weights(old, batch["behaviour"], is_cap, batch["off_policy"])
         for k, i in enumerate(chunk):
             m = batch["response_mask"][k]
@@ -593,7 +615,12 @@ def update(
                 mask = b["response_mask"]
                 with autocast():
                     logprobs, entropy = token_logprobs(
-                        model, b["input_ids"], b["attention_mask"], temperature, with_entropy=ent_coef != 0
+                        model,
+                        b["input_ids"],
+                        b["attention_mask"],
+                        temperature,
+                        with_entropy=ent_coef != 0,
+                        response_mask=mask,
                     )
                 weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
                 pg_sum, n_clipped = policy_loss(

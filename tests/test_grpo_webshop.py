@@ -281,6 +281,26 @@ def test_token_logprobs_match_softmax():
     torch.testing.assert_close(ent[0], -(p * torch.log(p)).sum(-1))
 
 
+def test_token_logprobs_response_mask_equals_full_head_and_gradient():
+    """The response-only LM head gives the same log-probs, entropies and gradients on the masked positions."""
+    ids = torch.tensor([[1, 5, 7, 9, 4, 2], [3, 8, 6, 2, 0, 0]])
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    mask = torch.tensor([[False, False, True, True, True], [False, True, True, False, False]])
+    grads = []
+    for response_mask in (None, mask):
+        model = _small_lm()
+        lp, ent = g.token_logprobs(model, ids, attn, 0.7, with_entropy=True, response_mask=response_mask)
+        if response_mask is not None:
+            assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
+        (lp[mask].sum() + ent[mask].sum()).backward()
+        grads.append(([p.grad.clone() for p in model.parameters()], lp[mask].detach(), ent[mask].detach()))
+    (g_full, lp_full, ent_full), (g_masked, lp_masked, ent_masked) = grads
+    torch.testing.assert_close(lp_masked, lp_full)
+    torch.testing.assert_close(ent_masked, ent_full)
+    for a, b in zip(g_full, g_masked):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the script end to end (subprocess, tiny sizes)
 
