@@ -78,6 +78,8 @@ class Args:
     # Algorithm specific arguments
     num_iterations: int = 30
     """training iterations (one rollout batch and one update each)"""
+    total_env_steps: int = 0
+    """stop after the iteration in which the environment steps (explorer included) reach this budget (0: none)"""
     tasks_per_iteration: int = 4
     """B: tasks (GiGPO episode groups) per iteration"""
     group_size: int = 4
@@ -349,18 +351,33 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
 
     input_ids, attention_mask: [B, T] (any padding side: position ids follow the attention mask, as in
-    generation with left padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None, float32.
+    generation with left padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None, float32. With
+    response_mask [B, T-1] (bool), the LM head and the softmax run only where it is True and the other positions
+    are 0: the losses read response tokens only, a few percent of a multi-turn row (same numbers where True).
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    logits = logits.logits[:, :-1].float() / temperature
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    if response_mask is None:
+        logits, targets = model(**kw).logits[:, :-1], input_ids[:, 1:]
+    else:
+        hidden = model.base_model(**kw).last_hidden_state[:, :-1][response_mask]
+        logits, targets = model.get_output_embeddings()(hidden), input_ids[:, 1:][response_mask]  # [K, V], [K]
+    logits = logits.float() / temperature
     log_z = torch.logsumexp(logits, dim=-1)
-    logprobs = torch.gather(logits, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1) - log_z
+    logprobs = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - log_z
     entropy = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1) if with_entropy else None
+    if response_mask is not None:
+
+        def scatter(x: torch.Tensor) -> torch.Tensor:
+            return torch.zeros(response_mask.shape, dtype=x.dtype, device=x.device).masked_scatter(response_mask, x)
+
+        logprobs = scatter(logprobs)
+        entropy = scatter(entropy) if entropy is not None else None
     return logprobs, entropy
 
 
@@ -755,7 +772,9 @@ def response_logprobs(model, rows, *, temperature, pad_id, device, micro_batch_t
         chunk = [by_length[i] for i in chunk]
         batch = collate([rows[i] for i in chunk], pad_id, device)
         with autocast():
-            lp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], temperature)
+            lp, _ = token_logprobs(
+                model, batch["input_ids"], batch["attention_mask"], temperature, response_mask=batch["response_mask"]
+            )
         for k, i in enumerate(chunk):
             out[i] = lp[k][batch["response_mask"][k]].cpu()
     model.train(was_training)
@@ -807,7 +826,12 @@ def update(
                 mask = b["response_mask"]
                 with autocast():
                     logprobs, entropy = token_logprobs(
-                        model, b["input_ids"], b["attention_mask"], temperature, with_entropy=ent_coef != 0
+                        model,
+                        b["input_ids"],
+                        b["attention_mask"],
+                        temperature,
+                        with_entropy=ent_coef != 0,
+                        response_mask=b["response_mask"],
                     )
                 weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
                 pg_sum, n_clipped = policy_loss(
@@ -1138,7 +1162,7 @@ if __name__ == "__main__":
         corr = pearson(process, outcome)
         if corr is not None:
             metrics["train/process_outcome_corr"] = corr
-        last = iteration == args.num_iterations
+        last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
         if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
             metrics.update(run_eval(iteration))
         logger.log(metrics, step=iteration)
@@ -1151,6 +1175,8 @@ if __name__ == "__main__":
         )
         if last or iteration % args.checkpoint_every == 0:
             save(iteration)
+        if last:
+            break
 
     if args.save_model:
         policy.save_pretrained(logger.dir / "model")
