@@ -5,8 +5,10 @@ the admissible actions. Two forms:
 
 - long (instruct LLMs): a plain-language instruction asking for reasoning inside `<think></think>` and exactly
   one action inside `<action></action>`;
-- short (`tiny` model, ~1-2k token vocabulary, 512-1024 token context): one line per field, the response is
-  just `<action>...</action>`.
+- short (`tiny` model, ~1-2k token vocabulary, 512-1024 token context): one line per field, the history shows
+  only the previous actions (their observations would triple the prompt), the task text is not repeated inside
+  the observation (WebShop pages and ALFWorld's first observation quote it), the response is just
+  `<action>...</action>`.
 
 Both are deterministic: the same inputs give the same string.
 """
@@ -44,15 +46,19 @@ def build_prompt(
 
     history: [(observation, action), ...] of the previous turns, oldest first; only the last `history_len`
     are shown (oldest first). admissible: the actions valid now, in the environment's order.
-    short=True: the compact form for the `tiny` model (no `<think>` instruction), e.g.
-    `task: ...\\nprev: <obs> > <action> | ...\\nobs: ...\\nactions: a | b | c\\n`.
+    short=True: the compact form for the `tiny` model (no `<think>` instruction, past actions without their
+    observations), e.g. `task: ...\\nprev: <action> | <action>\\nobs: ...\\nactions: a | b | c\\n`.
     """
     recent = _recent(history, history_len)
     if short:
         lines = [f"task: {_one_line(task)}"]
         if recent:
-            lines.append("prev: " + " | ".join(f"{_one_line(o)} > {_one_line(a)}" for o, a in recent))
-        lines.append(f"obs: {_one_line(obs)}")
+            lines.append("prev: " + " | ".join(_one_line(a) for _, a in recent))
+        task_text = _one_line(task)
+        obs_text = _one_line(obs)
+        if task_text:
+            obs_text = _one_line(obs_text.replace(task_text, ""))
+        lines.append(f"obs: {obs_text}")
         lines.append("actions: " + " | ".join(_one_line(a) for a in admissible))
         return "\n".join(lines) + "\n"
 

@@ -56,7 +56,10 @@ def test_build_prompt_contents_and_determinism():
         assert all(a in p for a in ADMISSIBLE)
         # Only the last two turns, oldest first.
         assert "act3" not in p and "obs3" not in p
-        assert p.index("obs4") < p.index("act4") < p.index("obs5") < p.index("act5") < p.index("You arrive")
+        if short:  # past actions only
+            assert "obs4" not in p and p.index("act4") < p.index("act5") < p.index("You arrive")
+        else:
+            assert p.index("obs4") < p.index("act4") < p.index("obs5") < p.index("act5") < p.index("You arrive")
     long = build_prompt(TASK, OBS, HISTORY, ADMISSIBLE, history_len=2)
     short = build_prompt(TASK, OBS, HISTORY, ADMISSIBLE, history_len=2, short=True)
     assert "<think></think>" in long and "<action></action>" in long
@@ -69,8 +72,17 @@ def test_history_len_zero_and_short_form_is_one_line_per_field():
     for short in (False, True):
         p = build_prompt(TASK, OBS, HISTORY, ADMISSIBLE, history_len=0, short=short)
         assert "obs5" not in p and "act5" not in p
-    multi = build_prompt(TASK, "line one\n\nline  two", [("a\nb", "c")], ["x"], history_len=1, short=True)
-    assert multi == "task: put a clean apple in fridge\nprev: a b > c\nobs: line one line two\nactions: x\n"
+    multi = build_prompt(TASK, "line one\n\nline  two", [("a\nb", "c\n d")], ["x"], history_len=1, short=True)
+    # The short form's history is the past actions only.
+    assert multi == "task: put a clean apple in fridge\nprev: c d\nobs: line one line two\nactions: x\n"
+
+
+def test_short_form_does_not_repeat_the_task_in_the_observation():
+    obs = "WebShop [SEP] Instruction: [SEP] i need  a red\nmug [SEP] Search"
+    p = build_prompt("i need a red mug", obs, [], ["search[<query>]"], short=True)
+    assert p == "task: i need a red mug\nobs: WebShop [SEP] Instruction: [SEP] [SEP] Search\nactions: search[<query>]\n"
+    # the long form keeps the observation as it is
+    assert obs.strip() in build_prompt("i need a red mug", obs, [], ["search[<query>]"])
 
 
 def test_encode_prompt_matches_tokenizer_when_it_fits(tokenizer):
