@@ -30,7 +30,24 @@ def repo_root() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def script_env(tmp_path_factory) -> dict:
+def tiny_models() -> None:
+    """Build (or find in the cache) the default tiny models before a script subprocess needs them.
+
+    The first build on a fresh clone takes minutes; done here it runs without the subprocess timeouts, and
+    the two xdist workers start from different envs so that the two models build side by side (the file lock
+    in build_tiny makes the other worker wait for, then reuse, the model it did not build).
+    """
+    from common.models import build_tiny
+
+    order = ["alfworld", "webshop"]
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0")[-1] in "13579":
+        order.reverse()
+    for env_name in order:
+        build_tiny(env_name, "small", 1)
+
+
+@pytest.fixture(scope="session")
+def script_env(tmp_path_factory, tiny_models) -> dict:
     """Environment for running a script in a subprocess: offline, the shared tiny-model cache, 1 thread."""
     env = dict(os.environ)
     env.update(
