@@ -24,6 +24,7 @@ import json
 import os
 import pathlib
 import shutil
+import sys
 import time
 
 import torch
@@ -38,7 +39,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Everything that determines the tiny model; its hash names the cache folder (with the env's own fingerprint).
 TINY_CONFIG = {
-    "version": 2,
+    "version": 3,
     "vocab_size": 1536,
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -413,21 +414,44 @@ def evaluate_success(
 
 
 def _bc_batches(examples: list[tuple[list[int], list[int]]], batch_size: int, generator: torch.Generator):
-    """Endless shuffled epochs of right-padded (input_ids, attention_mask, labels); labels -100 off the response."""
+    """Endless shuffled epochs of right-padded (input_ids, attention_mask, labels); labels -100 off the response.
+
+    Each epoch is shuffled, cut into pools of 32 batches, each pool sorted by length before it is cut into
+    batches (less padding: WebShop prompts range from ~100 to ~500 tokens), and the batches are shuffled.
+    """
     while True:
         order = torch.randperm(len(examples), generator=generator).tolist()
-        for start in range(0, len(order) - batch_size + 1, batch_size):
-            rows = [examples[k] for k in order[start : start + batch_size]]
+        order = order[: len(order) - len(order) % batch_size]
+        pool = 32 * batch_size
+        batches = []
+        for start in range(0, len(order), pool):
+            chunk = sorted(order[start : start + pool], key=lambda k: len(examples[k][0]) + len(examples[k][1]))
+            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        for b in torch.randperm(len(batches), generator=generator).tolist():
+            rows = [examples[k] for k in batches[b]]
             width = max(len(p) + len(r) for p, r in rows)
             ids = torch.zeros((len(rows), width), dtype=torch.long)
             mask = torch.zeros_like(ids)
             labels = torch.full_like(ids, -100)
-            for b, (p, r) in enumerate(rows):
+            for i, (p, r) in enumerate(rows):
                 n = len(p) + len(r)
-                ids[b, :n] = torch.tensor(p + r)
-                mask[b, :n] = 1
-                labels[b, len(p) : n] = torch.tensor(r)
+                ids[i, :n] = torch.tensor(p + r)
+                mask[i, :n] = 1
+                labels[i, len(p) : n] = torch.tensor(r)
             yield ids, mask, labels
+
+
+def response_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions with a label (the response).
+
+    Equal to `model(input_ids, attention_mask, labels=labels).loss`, but the LM head runs only on the positions
+    that predict a labelled token, not on the whole prompt.
+    """
+    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != -100
+    logits = model.lm_head(hidden[keep]).float()
+    return nn.functional.cross_entropy(logits, targets[keep])
 
 
 def behaviour_clone(
@@ -444,8 +468,7 @@ def behaviour_clone(
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate * min(1.0, (step + 1) / max(1, warmup_steps))
-        ids, mask, labels = next(batches)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss = response_loss(model, *next(batches))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -516,6 +539,12 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
             rate = success()
             evals.append(
                 {"step": step, "loss": round(loss, 4), "success": rate, "seconds": round(time.time() - start, 1)}
+            )
+            print(
+                f"[tiny {env_name}-{preset}] warm start step {step}: loss {loss:.3f}, success {rate:.2f}"
+                f" ({time.time() - start:.0f}s)",
+                file=sys.stderr,
+                flush=True,
             )
             distance = max(low - rate, rate - high, 0.0)
             if best is None or distance <= best[0]:  # ties: the more trained model

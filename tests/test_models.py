@@ -210,6 +210,30 @@ def test_behaviour_cloning_is_deterministic_and_learns(small_tokenizer):
     assert la[-1] < la[0]
 
 
+def test_response_loss_equals_the_full_head_loss(small_tokenizer):
+    model = small_model(small_tokenizer, seed=1)
+    ids = torch.randint(0, len(small_tokenizer), (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, 7:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[0, 4:7], labels[1, 2:9], labels[2, 8] = ids[0, 4:7], ids[1, 2:9], ids[2, 8]
+    full = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    torch.testing.assert_close(models.response_loss(model, ids, mask, labels), full)
+
+
+def test_bc_batches_cover_each_epoch_once_with_little_padding():
+    examples = [([1] * n, [2, 3]) for n in torch.randint(5, 200, (256,), generator=torch.Generator().manual_seed(0))]
+    batches = models._bc_batches(examples, 8, torch.Generator().manual_seed(1))
+    seen, padding = [], 0
+    for _ in range(len(examples) // 8):
+        ids, mask, labels = next(batches)
+        assert ids.shape[0] == 8 and bool((labels[mask == 0] == -100).all())
+        seen += [int(m.sum()) for m in mask]
+        padding += int((mask == 0).sum())
+    assert sorted(seen) == sorted(len(p) + len(r) for p, r in examples)  # one epoch: every example once
+    assert padding < 0.1 * sum(seen)  # length-sorted pools: random batches would pad ~50%
+
+
 def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)
