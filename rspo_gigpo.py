@@ -58,7 +58,7 @@ class Args:
     """environment steps per episode (None: WebShop 15; ALFWorld 50, or 15 for the embedded small preset, whose
     expert needs at most 10)"""
     history_len: int = 2
-    """previous (observation, action) pairs shown in each turn's prompt"""
+    """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: int | None = None
     """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
     capped by the model's context minus max_new_tokens"""

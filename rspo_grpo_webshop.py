@@ -55,7 +55,7 @@ class Args:
     max_steps: int = 15
     """environment steps per episode (WebShop's limit is 15)"""
     history_len: int = 2
-    """previous (observation, action) pairs shown in each turn's prompt"""
+    """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: Optional[int] = None
     """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
     capped by the model's context minus max_new_tokens"""

@@ -58,7 +58,7 @@ class Args:
     """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
     --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 15"""
     history_len: int = 2
-    """previous (observation, action) pairs shown in each turn's prompt"""
+    """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: int = 1024
     """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
 
