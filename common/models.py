@@ -537,12 +537,10 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
             if step % cfg["bc_eval_every"] and step != cfg["bc_max_steps"]:
                 continue
             rate = success()
-            evals.append(
-                {"step": step, "loss": round(loss, 4), "success": rate, "seconds": round(time.time() - start, 1)}
-            )
+            seconds = round(time.time() - start, 1)
+            evals.append({"step": step, "loss": round(loss, 4), "success": rate, "seconds": seconds})
             print(
-                f"[tiny {env_name}-{preset}] warm start step {step}: loss {loss:.3f}, success {rate:.2f}"
-                f" ({time.time() - start:.0f}s)",
+                f"[tiny {env_name}-{preset}] warm start step {step}: loss {loss:.3f}, success {rate:.2f} ({seconds:.0f}s)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -51,10 +51,10 @@ def build_prompt(
     """
     recent = _recent(history, history_len)
     if short:
-        lines = [f"task: {_one_line(task)}"]
+        task_text = _one_line(task)
+        lines = [f"task: {task_text}"]
         if recent:
             lines.append("prev: " + " | ".join(_one_line(a) for _, a in recent))
-        task_text = _one_line(task)
         obs_text = _one_line(obs)
         if task_text:
             obs_text = _one_line(obs_text.replace(task_text, ""))
