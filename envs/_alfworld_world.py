@@ -635,9 +635,11 @@ class World:
         return f"move {o} to {r}"
 
     def _put_away(self, o: str) -> str:
-        # Put a wrong object down where it can go, here if possible, avoiding the goal receptacle type.
+        # Put a wrong object down where it can go, here if possible, avoiding the goal receptacle type unless
+        # nothing else can hold it (a mug taken from the only sidetable of a "laptop on sidetable" room).
         lay = self.layout
-        fits = [r for r in lay.receptacles if kind_of(o) in CAN_CONTAIN[kind_of(r)] and kind_of(r) != lay.recep_kind]
+        fits = [r for r in lay.receptacles if kind_of(o) in CAN_CONTAIN[kind_of(r)]]
+        fits = [r for r in fits if kind_of(r) != lay.recep_kind] or fits
         if self.location in fits:
             return self._deliver(o, self.location)
         return self._deliver(o, fits[0])
