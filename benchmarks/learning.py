@@ -194,8 +194,21 @@ def main() -> None:
     jobs = [(pair, v, s) for pair in pairs for v in variants_for(pair) for s in range(1, seeds + 1)]
     print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
     t0 = time.time()
+    failures: list[str] = []
+
+    def attempt(job):
+        # One failed run is reported at the end; it does not throw away the hours of runs around it.
+        try:
+            return run_one(*job, budget, eval_tasks, eval_every, a.out)
+        except Exception as e:  # noqa: BLE001 - the message names the run and its log
+            failures.append(str(e))
+            print(f"FAILED: {e}", flush=True)
+            return None
+
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(lambda j: run_one(*j, budget, eval_tasks, eval_every, a.out), jobs))
+        results = [r for r in pool.map(attempt, jobs) if r is not None]
+    if not results:
+        sys.exit("every run failed:\n" + "\n".join(failures))
     for r in results:
         print(f"{r['pair']:15s} {r['variant']:12s} seed {r['seed']}: success {r['success']:.3f} ({r['seconds']} s)")
     suffix = "_quick" if a.quick else ""
@@ -218,6 +231,8 @@ def main() -> None:
             f"| {s['env_steps_mean']} | {s['seeds']} |"
         )
     print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
+    if failures:
+        sys.exit(f"{len(failures)} of {len(jobs)} runs failed (left out of the table):\n" + "\n".join(failures))
 
 
 if __name__ == "__main__":
