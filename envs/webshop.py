@@ -54,6 +54,9 @@ NUM_TEST_GOALS = 500  # goals 0-499 are the test split used by RL work on WebSho
 FUZZY_THRESHOLD = 85  # WebShop counts a fuzzy match when token_set_ratio > 85
 SEARCH_PLACEHOLDER = "search[<query>]"
 
+# Actions that the tiny model's expert answers with their number in the short prompt's numbered list (the
+# product codes): a model of a million parameters does not learn to copy a 10-character code.
+TINY_ANSWER_BY_NUMBER = re.compile(r"click\[b0[0-9a-z]{8}\]")
 _ACTION_RE = re.compile(r"(.+)\[(.+)\]")  # WebShop's action syntax, matched from the start of the string
 
 
@@ -396,8 +399,13 @@ class WebShopEnv:
         return actions + [f"click[{c}]" for c in self.clickables]
 
     def expert_action(self) -> str:
-        """Next action of an expert that searches with the instruction (price clause dropped), pages to the
-        target, picks the goal's options and buys."""
+        """Next action of an expert that searches with the instruction (price clause dropped), opens the first
+        listed product that a purchase with the goal's options fully satisfies (paging towards the goal's own
+        target while the current page has none), picks the goal's options and buys.
+
+        Why the first satisfying product and not the target: on the small preset it is the top hit for 59% of
+        goals (the target only for 18%), so the expert's clicks follow the ranking, as a sensible shopper's do.
+        """
         g = self.goal
         target = g["target_index"]
         if self.page == "done":
@@ -405,18 +413,27 @@ class WebShopEnv:
         if self.page == "search":
             return f"search[{g['search_text']}]"
         if self.page == "results":
+            start = (self.page_num - 1) * PRODUCTS_PER_PAGE
+            for i in self.hits[start : start + PRODUCTS_PER_PAGE]:
+                if self._solves(i):
+                    return f"click[{self._product(i)['asin'].lower()}]"
             if target not in self.hits:
                 return "click[back to search]"
             target_page = self.hits.index(target) // PRODUCTS_PER_PAGE + 1
-            if target_page == self.page_num:
-                return f"click[{self._product(target)['asin'].lower()}]"
             return "click[next >]" if target_page > self.page_num else "click[< prev]"
-        if self.page == "sub" or self.item != target:
+        if self.page == "sub" or not self._solves(self.item):
             return "click[< prev]"
+        offered = self._product(self.item).get("options", {})
         for name, value in g["goal_option_groups"].items():
-            if self.options.get(name) != value:
+            if value in offered.get(name, ()) and self.options.get(name) != value:
                 return f"click[{value}]"
         return "click[buy now]"
+
+    def _solves(self, i: int) -> bool:
+        """Whether buying product i with the goal's options (those it offers) gives R == 1."""
+        offered = self._product(i).get("options", {})
+        chosen = {n: v for n, v in self.goal["goal_option_groups"].items() if v in offered.get(n, ())}
+        return webshop_reward(self._product(i), self.goal, self._price(i), chosen) == 1.0
 
     def _info(self, process: float, *, valid: bool, truncated: bool, score: float = 0.0) -> dict:
         info = {

@@ -417,6 +417,29 @@ def test_expert_solves_every_goal(preset):
     assert failures == []
 
 
+def test_expert_opens_the_first_listed_product_that_solves_the_goal():
+    env = make_env(preset="small")
+    first_is_top = 0
+    seeds = split_seeds("train", 300)
+    for seed in seeds:
+        obs, info = env.reset(seed)
+        obs, _, _, info = env.step(info["expert_action"])
+        page = env.hits[: webshop.PRODUCTS_PER_PAGE]
+        solving = [i for i in page if env._solves(i)]
+        action = info["expert_action"]
+        if solving:
+            assert action == f"click[{env.shop.products[solving[0]]['asin'].lower()}]"
+            first_is_top += solving[0] == page[0]
+        else:
+            assert action in ("click[next >]", "click[back to search]")
+        # _solves agrees with buying: the expert's purchase of that product pays R == 1 (the episode ends won).
+        while not env.done:
+            obs, r, _, info = env.step(info["expert_action"])
+        assert info["won"] and r == 1.0
+    # The expert's clicks follow the ranking: the top hit is its pick for most goals (59% on the small preset).
+    assert first_is_top / len(seeds) > 0.5
+
+
 # ----------------------------------------------------------------------------------------------------- robustness
 def test_fuzz_actions_never_raise_and_invalid_changes_nothing():
     rng = random.Random(0)
