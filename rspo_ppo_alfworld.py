@@ -511,7 +511,8 @@ def rollout(
         actions: list[str | None] = [None] * n
         parsed = {}
         for k, i in enumerate(idx):
-            action, valid = prompts.parse_action(gens[k].text)
+            # The short prompt numbers the admissible actions: an answer "3" is the third of them.
+            action, valid = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
             # An unparsable response goes to the env verbatim: it answers as the original does (`Nothing happens.`).
             parsed[i] = (action if valid else gens[k].text, valid)
             actions[i] = parsed[i][0]

@@ -65,7 +65,9 @@ def test_build_prompt_contents_and_determinism():
     assert "<think></think>" in long and "<action></action>" in long
     assert "<think>" not in short
     assert len(short) < len(long) / 2
-    assert short.startswith(f"task: {TASK}\n") and short.endswith("actions: " + " | ".join(ADMISSIBLE) + "\n")
+    assert short.startswith(f"task: {TASK}\n") and short.endswith(
+        "actions: " + " | ".join(f"{k} {a}" for k, a in enumerate(ADMISSIBLE, 1)) + "\n"
+    )
 
 
 def test_history_len_zero_and_short_form_is_one_line_per_field():
@@ -74,13 +76,15 @@ def test_history_len_zero_and_short_form_is_one_line_per_field():
         assert "obs5" not in p and "act5" not in p
     multi = build_prompt(TASK, "line one\n\nline  two", [("a\nb", "c\n d")], ["x"], history_len=1, short=True)
     # The short form's history is the past actions only.
-    assert multi == "task: put a clean apple in fridge\nprev: c d\nobs: line one line two\nactions: x\n"
+    assert multi == "task: put a clean apple in fridge\nprev: c d\nobs: line one line two\nactions: 1 x\n"
 
 
 def test_short_form_does_not_repeat_the_task_in_the_observation():
     obs = "WebShop [SEP] Instruction: [SEP] i need  a red\nmug [SEP] Search"
     p = build_prompt("i need a red mug", obs, [], ["search[<query>]"], short=True)
-    assert p == "task: i need a red mug\nobs: WebShop [SEP] Instruction: [SEP] [SEP] Search\nactions: search[<query>]\n"
+    assert (
+        p == "task: i need a red mug\nobs: WebShop [SEP] Instruction: [SEP] [SEP] Search\nactions: 1 search[<query>]\n"
+    )
     # the long form keeps the observation as it is
     assert obs.strip() in build_prompt("i need a red mug", obs, [], ["search[<query>]"])
 
@@ -171,6 +175,24 @@ def test_parse_action_cases():
     assert parse_action("<ACTION>x</ACTION>") == ("", False)  # tags are exact lower case
     assert parse_action("<action>click[b09abc1234]</action><eos>") == ("click[b09abc1234]", True)
     assert parse_action("<action>ouvrir le frigo ❄ 1</action>") == ("ouvrir le frigo ❄ 1", True)
+
+
+def test_parse_action_resolves_a_number_of_the_short_prompts_list():
+    adm = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]"]
+    assert parse_action("<action>3</action>", adm) == ("click[b02wtyj3tv]", True)
+    assert parse_action("<action> 1 </action>", adm) == ("click[back to search]", True)
+    # Out of range, zero, signed, non-ASCII digits and numbers inside text stay as they are (the env rejects them).
+    for raw in ["0", "4", "-1", "+2", "３", "2a", "click[2]", "1 2"]:
+        assert parse_action(f"<action>{raw}</action>", adm) == (raw, True)
+    assert parse_action("<action>3</action>") == ("3", True)  # no list given: the long form does not number
+    assert parse_action("<action>1</action>", []) == ("1", True)
+    assert parse_action("<action></action>", adm) == ("", False)
+    # Numbers in the prompt and the parser agree: the k-th listed action is the k-th admissible one.
+    prompt = build_prompt("t", "o", [], adm, short=True)
+    listed = prompt.split("actions: ", 1)[1].rstrip("\n").split(" | ")
+    for entry in listed:
+        k, text = entry.split(" ", 1)
+        assert parse_action(f"<action>{k}</action>", adm) == (text, True)
 
 
 @settings(max_examples=300, deadline=None)
