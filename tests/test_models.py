@@ -1,6 +1,7 @@
 """Model loading (local folders, offline hub ids, smollm2-135m), the critic, and the tiny model's tokenizer."""
 
 import json
+import math
 import os
 
 import pytest
@@ -10,6 +11,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from common import models
 from common.generation import HFGenerator
 from common.models import Critic, build_critic, is_tiny, load_model, train_tiny_tokenizer
+from common.prompts import format_response, parse_action
 
 TEXTS = [
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
@@ -208,6 +210,33 @@ def test_behaviour_cloning_is_deterministic_and_learns(small_tokenizer):
     assert la == lb
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
     assert la[-1] < la[0]
+
+
+def test_bc_learning_rate_warms_up_then_decays_to_its_floor():
+    lr = [models.bc_learning_rate(k, 100, 1e-3, 10, 0.05) for k in range(100)]
+    assert lr[0] == pytest.approx(1e-4) and lr[9] == pytest.approx(
+        1e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(0.09 * math.pi)))
+    )
+    assert max(lr) <= 1e-3 and all(a >= b for a, b in zip(lr[9:], lr[10:]))  # monotone after the warm-up
+    assert lr[50] == pytest.approx(1e-3 * (0.05 + 0.95 * 0.5))
+    assert models.bc_learning_rate(100, 100, 1e-3, 10, 0.05) == pytest.approx(5e-5)
+    assert {models.bc_learning_rate(k, 100, 1e-3, 1, 1.0) for k in range(100)} == {1e-3}  # ratio 1: constant
+
+
+def test_tiny_expert_answers_product_codes_by_number():
+    from envs import alfworld, webshop
+
+    adm = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]", "click[b0u43ilmdf]"]
+    assert models.tiny_expert_answer(webshop, "click[b0u43ilmdf]", adm) == "4"
+    assert models.tiny_expert_answer(webshop, "click[next >]", adm) == "click[next >]"
+    assert models.tiny_expert_answer(webshop, "click[hazelnut]", ["click[hazelnut]"]) == "click[hazelnut]"
+    assert models.tiny_expert_answer(webshop, "search[red mug]", ["search[<query>]"]) == "search[red mug]"
+    assert models.tiny_expert_answer(alfworld, "go to desk 1", ["look", "go to desk 1"]) == "go to desk 1"
+    # The short prompt's parser turns the number back into the expert's action.
+    assert parse_action(format_response(models.tiny_expert_answer(webshop, adm[2], adm), short=True), adm) == (
+        adm[2],
+        True,
+    )
 
 
 def test_response_loss_equals_the_full_head_loss(small_tokenizer):
