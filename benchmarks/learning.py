@@ -15,6 +15,9 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
     python benchmarks/learning.py                  # the whole table (budget below), about 2 hours on 2 cores
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a 10-minute check: 1 seed, smaller budget, 2 pairs
+
+The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
+budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import csv
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -81,6 +86,10 @@ def run_one(
 ) -> dict:
     script, extra = PAIRS[pair]
     runs_dir = out / "runs" / f"{pair}__{variant}__{seed}"
+    done = finished_run(runs_dir, budget)
+    if done is not None:  # a rerun of an interrupted benchmark reuses the runs that reached the budget
+        return done
+    shutil.rmtree(runs_dir, ignore_errors=True)  # what an interrupted run left
     cmd = [
         sys.executable,
         str(ROOT / script),
@@ -111,18 +120,39 @@ def run_one(
     seconds = time.time() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{pair}/{variant}/seed {seed} failed (exit {proc.returncode}); see {log}")
-    (metrics_path,) = runs_dir.glob("*/metrics.jsonl")
-    rows = read_metrics(metrics_path)
-    evals = [r for r in rows if "eval/success_rate" in r]
-    last = evals[-1]
+    result = finished_run(runs_dir, budget)
+    if result is None:
+        raise RuntimeError(f"{pair}/{variant}/seed {seed} ended before {budget} env steps; see {log}")
+    result["seconds"] = round(seconds, 1)
+    (runs_dir / "seconds.txt").write_text(f"{seconds:.1f}\n")
+    return result
+
+
+def finished_run(runs_dir: pathlib.Path, budget: int) -> dict | None:
+    """The result of the run in `runs_dir` if its last evaluation reached `budget` env steps, else None.
+
+    pair, variant and seed come from the folder name; success/score at the first (step 0) and the last
+    evaluation; seconds from seconds.txt ("" when the run was written by an older version of this script).
+    """
+    paths = list(runs_dir.glob("*/metrics.jsonl"))
+    if len(paths) != 1:
+        return None
+    evals = [r for r in read_metrics(paths[0]) if "eval/success_rate" in r]
+    if not evals or evals[-1]["env_steps"] < budget:
+        return None
+    pair, variant, seed = runs_dir.name.split("__")
+    first, last = evals[0], evals[-1]
+    seconds = runs_dir / "seconds.txt"
     return {
         "pair": pair,
         "variant": variant,
-        "seed": seed,
+        "seed": int(seed),
         "env_steps": last["env_steps"],
+        "success_start": first["eval/success_rate"],
         "success": last["eval/success_rate"],
+        "score_start": first.get("eval/score", ""),
         "score": last.get("eval/score", ""),
-        "seconds": round(seconds, 1),
+        "seconds": float(seconds.read_text()) if seconds.is_file() else "",
         "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
     }
 
@@ -133,12 +163,14 @@ def summarise(results: list[dict]) -> list[dict]:
     for pair, variant in keys:
         rs = [r for r in results if r["pair"] == pair and r["variant"] == variant]
         succ = [r["success"] for r in rs]
+        start = [r["success_start"] for r in rs]
         scores = [r["score"] for r in rs if r["score"] != ""]
         rows.append(
             {
                 "pair": pair,
                 "variant": variant,
                 "seeds": len(rs),
+                "success_start_mean": round(statistics.mean(start), 4),
                 "success_mean": round(statistics.mean(succ), 4),
                 "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
                 "score_mean": round(statistics.mean(scores), 2) if scores else "",
@@ -147,6 +179,20 @@ def summarise(results: list[dict]) -> list[dict]:
             }
         )
     return rows
+
+
+def write_tables(results: list[dict], out: pathlib.Path, suffix: str) -> list[dict]:
+    """learning{suffix}.csv (one row per run) and learning{suffix}_summary.csv; returns the summary rows."""
+    with open(out / f"learning{suffix}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "curve"])
+        w.writeheader()
+        w.writerows({k: v for k, v in r.items() if k != "curve"} for r in results)
+    summary = summarise(results)
+    with open(out / f"learning{suffix}_summary.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+    return summary
 
 
 def plot(results: list[dict], path: pathlib.Path) -> None:
@@ -195,40 +241,41 @@ def main() -> None:
     print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
     t0 = time.time()
     failures: list[str] = []
+    results: list[dict] = []
+    suffix = "_quick" if a.quick else ""
+    lock = threading.Lock()
 
     def attempt(job):
-        # One failed run is reported at the end; it does not throw away the hours of runs around it.
+        # One failed run is reported at the end; it does not throw away the hours of runs around it. The CSVs
+        # are rewritten after every run, so an interrupted table keeps what it measured (and a rerun of the
+        # same command reuses those runs).
         try:
-            return run_one(*job, budget, eval_tasks, eval_every, a.out)
+            r = run_one(*job, budget, eval_tasks, eval_every, a.out)
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
             print(f"FAILED: {e}", flush=True)
-            return None
+            return
+        with lock:
+            results.append(r)
+            write_tables(results, a.out, suffix)
+        print(f"{r['pair']:15s} {r['variant']:12s} seed {r['seed']}: success {r['success']:.3f} ({r['seconds']} s)")
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        results = [r for r in pool.map(attempt, jobs) if r is not None]
+        list(pool.map(attempt, jobs))
     if not results:
         sys.exit("every run failed:\n" + "\n".join(failures))
-    for r in results:
-        print(f"{r['pair']:15s} {r['variant']:12s} seed {r['seed']}: success {r['success']:.3f} ({r['seconds']} s)")
-    suffix = "_quick" if a.quick else ""
-    with open(a.out / f"learning{suffix}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "curve"])
-        w.writeheader()
-        w.writerows({k: v for k, v in r.items() if k != "curve"} for r in results)
-    summary = summarise(results)
-    with open(a.out / f"learning{suffix}_summary.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(summary[0]))
-        w.writeheader()
-        w.writerows(summary)
+    results.sort(key=lambda r: jobs.index((r["pair"], r["variant"], r["seed"])))
+    summary = write_tables(results, a.out, suffix)
     plot(results, a.out / f"learning{suffix}.png")
-    print("\n| pair | variant | held-out success (mean +- std) | WebShop score | env steps | seeds |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- std) | WebShop score | env steps | seeds |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for s in summary:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
         print(
-            f"| {s['pair']} | {s['variant']} | {s['success_mean']:.3f} +- {s['success_std']:.3f} | {score} "
-            f"| {s['env_steps_mean']} | {s['seeds']} |"
+            f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
+            f"{s['success_std']:.3f} | {score} | {s['env_steps_mean']} | {s['seeds']} |"
         )
     print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
     if failures:

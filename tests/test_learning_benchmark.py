@@ -1,0 +1,64 @@
+"""benchmarks/learning.py: reading finished runs, reusing them on a rerun, and the tables (no training here)."""
+
+import csv
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("learning_benchmark", ROOT / "benchmarks" / "learning.py")
+learning = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(learning)
+
+
+def write_run(out: pathlib.Path, name: str, evals: list[tuple[int, float, float]], seconds: float | None = None):
+    run = out / "runs" / name
+    (run / "exp_1").mkdir(parents=True)
+    rows = []
+    for steps, success, score in evals:
+        rows.append({"iteration": len(rows), "env_steps": steps, "train/loss": 0.1})  # a training row
+        rows.append({"env_steps": steps, "eval/success_rate": success, "eval/score": score})
+    (run / "exp_1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if seconds is not None:
+        (run / "seconds.txt").write_text(f"{seconds}\n")
+    return run
+
+
+def test_finished_run_reads_the_first_and_last_evaluation(tmp_path):
+    run = write_run(tmp_path, "grpo_webshop__swap__2", [(0, 0.25, 70.0), (3000, 0.5, 75.0), (6010, 0.75, 80.0)], 12.5)
+    r = learning.finished_run(run, 6000)
+    assert (r["pair"], r["variant"], r["seed"]) == ("grpo_webshop", "swap", 2)
+    assert (r["success_start"], r["success"], r["score_start"], r["score"]) == (0.25, 0.75, 70.0, 80.0)
+    assert r["env_steps"] == 6010 and r["seconds"] == 12.5
+    assert r["curve"] == [(0, 0.25), (3000, 0.5), (6010, 0.75)]
+    # Short of the budget, or no metrics at all: not finished, so a rerun trains it again.
+    assert learning.finished_run(run, 7000) is None
+    assert learning.finished_run(tmp_path / "runs" / "ppo_alfworld__outcome__1", 10) is None
+
+
+def test_rerun_reuses_finished_runs_without_training(tmp_path, monkeypatch):
+    write_run(tmp_path, "ppo_alfworld__outcome__1", [(0, 0.1, float("nan")), (500, 0.3, float("nan"))])
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run was trained again")
+
+    monkeypatch.setattr(learning.subprocess, "run", no_training)
+    r = learning.run_one("ppo_alfworld", "outcome", 1, 500, 10, 5, tmp_path)
+    assert r["success"] == 0.3 and r["seconds"] == ""
+
+
+def test_tables_summarise_over_seeds(tmp_path):
+    results = [
+        learning.finished_run(write_run(tmp_path, f"grpo_webshop__outcome__{s}", [(0, a, 60.0), (100, b, sc)]), 100)
+        for s, a, b, sc in [(1, 0.2, 0.3, 70.0), (2, 0.4, 0.5, 80.0)]
+    ]
+    summary = learning.write_tables(results, tmp_path, "")
+    (row,) = summary
+    assert row["seeds"] == 2 and row["success_start_mean"] == pytest.approx(0.3)
+    assert row["success_mean"] == pytest.approx(0.4) and row["success_std"] == pytest.approx(0.1414, abs=1e-4)
+    assert row["score_mean"] == 75.0 and row["score_std"] == pytest.approx(7.07, abs=0.01)
+    with open(tmp_path / "learning.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["seed"] for r in rows] == ["1", "2"] and "curve" not in rows[0]
