@@ -131,15 +131,18 @@ def run_one(
 def finished_run(runs_dir: pathlib.Path, budget: int) -> dict | None:
     """The result of the run in `runs_dir` if its last evaluation reached `budget` env steps, else None.
 
-    pair, variant and seed come from the folder name; success/score at the first (step 0) and the last
-    evaluation; seconds from seconds.txt ("" when the run was written by an older version of this script).
+    pair, variant and seed come from the folder name; held-out success/score at the first (step 0) and the
+    last evaluation; the sampled success of the policy's training rollouts over the first and the last 10
+    iterations; seconds from seconds.txt ("" when the run was written by an older version of this script).
     """
     paths = list(runs_dir.glob("*/metrics.jsonl"))
     if len(paths) != 1:
         return None
-    evals = [r for r in read_metrics(paths[0]) if "eval/success_rate" in r]
+    rows = read_metrics(paths[0])
+    evals = [r for r in rows if "eval/success_rate" in r]
     if not evals or evals[-1]["env_steps"] < budget:
         return None
+    train = [r["train/success_rate"] for r in rows if "train/success_rate" in r]  # sampled, the policy's own
     pair, variant, seed = runs_dir.name.split("__")
     first, last = evals[0], evals[-1]
     seconds = runs_dir / "seconds.txt"
@@ -152,9 +155,16 @@ def finished_run(runs_dir: pathlib.Path, budget: int) -> dict | None:
         "success": last["eval/success_rate"],
         "score_start": first.get("eval/score", ""),
         "score": last.get("eval/score", ""),
+        "train_success_first10": round(statistics.mean(train[:10]), 4) if train else "",
+        "train_success_last10": round(statistics.mean(train[-10:]), 4) if train else "",
         "seconds": float(seconds.read_text()) if seconds.is_file() else "",
         "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
     }
+
+
+def _mean_of(rows: list[dict], key: str):
+    values = [r[key] for r in rows if r.get(key, "") != ""]
+    return round(statistics.mean(values), 4) if values else ""
 
 
 def summarise(results: list[dict]) -> list[dict]:
@@ -172,6 +182,8 @@ def summarise(results: list[dict]) -> list[dict]:
                 "seeds": len(rs),
                 "success_start_mean": round(statistics.mean(start), 4),
                 "success_mean": round(statistics.mean(succ), 4),
+                "train_success_first10_mean": _mean_of(rs, "train_success_first10"),
+                "train_success_last10_mean": _mean_of(rs, "train_success_last10"),
                 "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
                 "score_mean": round(statistics.mean(scores), 2) if scores else "",
                 "score_std": round(statistics.stdev(scores), 2) if len(scores) > 1 else ("" if not scores else 0.0),
@@ -268,14 +280,16 @@ def main() -> None:
     summary = write_tables(results, a.out, suffix)
     plot(results, a.out / f"learning{suffix}.png")
     print(
-        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- std) | WebShop score | env steps | seeds |"
+        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- std) | WebShop score "
+        "| sampled training success, first -> last 10 iterations | env steps | seeds |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for s in summary:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
         print(
             f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
-            f"{s['success_std']:.3f} | {score} | {s['env_steps_mean']} | {s['seeds']} |"
+            f"{s['success_std']:.3f} | {score} | {s['train_success_first10_mean']} -> "
+            f"{s['train_success_last10_mean']} | {s['env_steps_mean']} | {s['seeds']} |"
         )
     print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
     if failures:

@@ -13,12 +13,12 @@ learning = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(learning)
 
 
-def write_run(out: pathlib.Path, name: str, evals: list[tuple[int, float, float]], seconds: float | None = None):
+def write_run(out, name, evals: list[tuple[int, float, float]], seconds: float | None = None, train=(0.1,)):
+    """A run folder as the scripts write it: training rows (sampled success `train`), then the evaluations."""
     run = out / "runs" / name
     (run / "exp_1").mkdir(parents=True)
-    rows = []
+    rows = [{"iteration": k + 1, "env_steps": k, "train/success_rate": v} for k, v in enumerate(train)]
     for steps, success, score in evals:
-        rows.append({"iteration": len(rows), "env_steps": steps, "train/loss": 0.1})  # a training row
         rows.append({"env_steps": steps, "eval/success_rate": success, "eval/score": score})
     (run / "exp_1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if seconds is not None:
@@ -27,12 +27,14 @@ def write_run(out: pathlib.Path, name: str, evals: list[tuple[int, float, float]
 
 
 def test_finished_run_reads_the_first_and_last_evaluation(tmp_path):
-    run = write_run(tmp_path, "grpo_webshop__swap__2", [(0, 0.25, 70.0), (3000, 0.5, 75.0), (6010, 0.75, 80.0)], 12.5)
+    evals = [(0, 0.25, 70.0), (3000, 0.5, 75.0), (6010, 0.75, 80.0)]
+    run = write_run(tmp_path, "grpo_webshop__swap__2", evals, 12.5, train=[k / 20 for k in range(20)])
     r = learning.finished_run(run, 6000)
     assert (r["pair"], r["variant"], r["seed"]) == ("grpo_webshop", "swap", 2)
     assert (r["success_start"], r["success"], r["score_start"], r["score"]) == (0.25, 0.75, 70.0, 80.0)
     assert r["env_steps"] == 6010 and r["seconds"] == 12.5
     assert r["curve"] == [(0, 0.25), (3000, 0.5), (6010, 0.75)]
+    assert r["train_success_first10"] == pytest.approx(0.225) and r["train_success_last10"] == pytest.approx(0.725)
     # Short of the budget, or no metrics at all: not finished, so a rerun trains it again.
     assert learning.finished_run(run, 7000) is None
     assert learning.finished_run(tmp_path / "runs" / "ppo_alfworld__outcome__1", 10) is None
