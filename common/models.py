@@ -372,7 +372,7 @@ def collect_expert_turns(env_name: str, preset: str, seeds: list[int]) -> list[t
 def tiny_expert_answer(env_module, action: str, admissible: list[str]) -> str:
     """What the tiny model learns to answer for the expert's `action`: its number in the short prompt's list
     when the env names it in `TINY_ANSWER_BY_NUMBER` (WebShop's product codes), else the action's text."""
-    pattern = getattr(env_module, "TINY_ANSWER_BY_NUMBER", None)
+    pattern = env_module.TINY_ANSWER_BY_NUMBER
     if pattern is not None and pattern.fullmatch(action) and action in admissible:
         return str(admissible.index(action) + 1)
     return action

@@ -423,17 +423,19 @@ class WebShopEnv:
             return "click[next >]" if target_page > self.page_num else "click[< prev]"
         if self.page == "sub" or not self._solves(self.item):
             return "click[< prev]"
-        offered = self._product(self.item).get("options", {})
-        for name, value in g["goal_option_groups"].items():
-            if value in offered.get(name, ()) and self.options.get(name) != value:
+        for name, value in self._goal_options_offered(self.item).items():
+            if self.options.get(name) != value:
                 return f"click[{value}]"
         return "click[buy now]"
 
+    def _goal_options_offered(self, i: int) -> dict[str, str]:
+        """The goal's options that product i offers, in the goal's order: what the expert picks on its page."""
+        offered = self._product(i).get("options", {})
+        return {n: v for n, v in self.goal["goal_option_groups"].items() if v in offered.get(n, ())}
+
     def _solves(self, i: int) -> bool:
         """Whether buying product i with the goal's options (those it offers) gives R == 1."""
-        offered = self._product(i).get("options", {})
-        chosen = {n: v for n, v in self.goal["goal_option_groups"].items() if v in offered.get(n, ())}
-        return webshop_reward(self._product(i), self.goal, self._price(i), chosen) == 1.0
+        return webshop_reward(self._product(i), self.goal, self._price(i), self._goal_options_offered(i)) == 1.0
 
     def _info(self, process: float, *, valid: bool, truncated: bool, score: float = 0.0) -> dict:
         info = {
