@@ -12,7 +12,7 @@ environment steps have been taken (explorer steps included), then evaluates on h
 Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run), `learning_summary.csv`
 (mean +- std over seeds), `learning.png` (held-out success vs environment steps, one panel per pair).
 
-    python benchmarks/learning.py                  # the whole table (budget below), about 2 hours on 2 cores
+    python benchmarks/learning.py                  # the whole table: 51 runs, 2 h 35 min on 2 cores (2026-12-03)
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a 10-minute check: 1 seed, smaller budget, 2 pairs
 

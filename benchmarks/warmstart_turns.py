@@ -43,7 +43,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(1)
     cfg = models.TINY_CONFIG
-    model, tok = models._load_pretrained(models.build_tiny("webshop", "small", a.seed))
+    model, tok = models.load_model("tiny", env_name="webshop", preset="small", seed=a.seed)
     model.eval()
     goals = list(webshop.split_seeds("train", 20_000))[-a.goals :]
     turns = models.collect_expert_turns("webshop", "small", goals)
@@ -62,7 +62,7 @@ def main() -> None:
                 history_len=cfg["history_len"],
                 short=True,
                 max_prompt_tokens=cfg["max_prompt_tokens"],
-            )  # fmt: skip
+            )
             for t, o, h, adm, _ in chunk
         ]
         for (_, _, _, adm, expert), gen in zip(chunk, generator.generate(model, ids, greedy=True)):
