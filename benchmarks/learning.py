@@ -1,7 +1,8 @@
 """Learning benchmark: held-out success after a fixed budget of environment steps, for every script and reward mode.
 
 Every run trains on the embedded default (tiny model, embedded env, small preset) until `--total-env-steps`
-environment steps have been taken (explorer steps included), then evaluates on held-out seeds. Variants per pair:
+environment steps have been taken (explorer steps included), then evaluates on held-out seeds; the initial model's
+evaluation (step 0) is run once per (env, seed) and shared by the runs that start from it. Variants per pair:
 
 - outcome          the base algorithm on the sparse outcome reward, a group of G_on policy rollouts
 - outcome_big      control: the same with G_on + G_off policy rollouts ("more samples" is not "the swap works")
@@ -12,7 +13,7 @@ environment steps have been taken (explorer steps included), then evaluates on h
 Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run), `learning_summary.csv`
 (mean +- std over seeds), `learning.png` (held-out success vs environment steps, one panel per pair).
 
-    python benchmarks/learning.py                  # the whole table: 51 runs, 2 h 35 min on 2 cores (2026-12-03)
+    python benchmarks/learning.py                  # the whole table: 51 runs, 4,000 env steps each (see README)
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a 10-minute check: 1 seed, smaller budget, 2 pairs
 
@@ -45,6 +46,10 @@ PAIRS: dict[str, tuple[str, list[str]]] = {
     "gigpo_alfworld": ("rspo_gigpo.py", ["--env", "alfworld"]),
 }
 CORRECTION_PAIRS = ("grpo_webshop",)
+# Every run of an env and seed starts from the same tiny model, and both scripts on an env evaluate it on the same
+# held-out seeds with the same prompts, so its step-0 evaluation is one measurement: it is run once per (env, seed)
+# with --eval-only and shared (the 51-run table of 2026-12-03 measured it in every run: identical in all of them).
+INITIAL_EVAL = {"webshop": "rspo_grpo_webshop.py", "alfworld": "rspo_ppo_alfworld.py"}
 G_ON, G_OFF = 4, 4
 
 
@@ -81,18 +86,51 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def pair_env(pair: str) -> str:
+    """The env of a pair: the last part of its name (grpo_webshop -> webshop)."""
+    return pair.rsplit("_", 1)[1]
+
+
+def run_script(script: str, flags: list[str], runs_dir: pathlib.Path, what: str) -> float:
+    """Run one script into a fresh `runs_dir` (its output in runs_dir.log); the seconds it took. Raises on failure."""
+    shutil.rmtree(runs_dir, ignore_errors=True)  # what an interrupted run left
+    cmd = [sys.executable, str(ROOT / script), *flags, "--runs-dir", str(runs_dir)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
+    env["PYTHONPATH"] = str(ROOT)
+    t0 = time.time()
+    log = runs_dir.with_suffix(".log")
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}); see {log}")
+    return time.time() - t0
+
+
+def eval_rows(runs_dir: pathlib.Path) -> list[dict]:
+    """The held-out evaluation rows of the one run in `runs_dir` ([] when there is none)."""
+    paths = list(runs_dir.glob("*/metrics.jsonl"))
+    return [r for r in read_metrics(paths[0]) if "eval/success_rate" in r] if len(paths) == 1 else []
+
+
+def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path) -> dict:
+    """The step-0 evaluation row of (env, seed)'s initial model: one --eval-only run, reused when it is there."""
+    runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}"
+    if not eval_rows(runs_dir):
+        flags = ["--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks), "--exp-name", "initial"]
+        run_script(INITIAL_EVAL[env_name], flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
+    return eval_rows(runs_dir)[0]
+
+
 def run_one(
-    pair: str, variant: str, seed: int, budget: int, eval_tasks: int, eval_every: int, out: pathlib.Path
+    pair: str, variant: str, seed: int, budget: int, eval_tasks: int, eval_every: int, out: pathlib.Path, initial: dict
 ) -> dict:
     script, extra = PAIRS[pair]
     runs_dir = out / "runs" / f"{pair}__{variant}__{seed}"
-    done = finished_run(runs_dir, budget)
+    done = finished_run(runs_dir, budget, initial)
     if done is not None:  # a rerun of an interrupted benchmark reuses the runs that reached the budget
         return done
-    shutil.rmtree(runs_dir, ignore_errors=True)  # what an interrupted run left
-    cmd = [
-        sys.executable,
-        str(ROOT / script),
+    flags = [
         *extra,
         *variant_flags(variant),
         "--seed",
@@ -105,43 +143,35 @@ def run_one(
         str(eval_every),
         "--num-eval-tasks",
         str(eval_tasks),
-        "--runs-dir",
-        str(runs_dir),
+        "--no-eval-at-start",  # the shared initial_eval
         "--exp-name",
         f"{pair}_{variant}",
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", WANDB_MODE="offline", HF_HUB_OFFLINE="1")
-    env["PYTHONPATH"] = str(ROOT)
-    t0 = time.time()
-    log = runs_dir.with_suffix(".log")
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    seconds = time.time() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"{pair}/{variant}/seed {seed} failed (exit {proc.returncode}); see {log}")
-    result = finished_run(runs_dir, budget)
+    seconds = run_script(script, flags, runs_dir, f"{pair}/{variant}/seed {seed}")
+    result = finished_run(runs_dir, budget, initial)
     if result is None:
-        raise RuntimeError(f"{pair}/{variant}/seed {seed} ended before {budget} env steps; see {log}")
+        raise RuntimeError(f"{pair}/{variant}/seed {seed} ended before {budget} env steps; see {runs_dir}.log")
     result["seconds"] = round(seconds, 1)
     (runs_dir / "seconds.txt").write_text(f"{seconds:.1f}\n")
     return result
 
 
-def finished_run(runs_dir: pathlib.Path, budget: int) -> dict | None:
+def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = None) -> dict | None:
     """The result of the run in `runs_dir` if its last evaluation reached `budget` env steps, else None.
 
-    pair, variant and seed come from the folder name; held-out success/score at the first (step 0) and the
-    last evaluation; the sampled success of the policy's training rollouts over the first and the last 10
-    iterations; seconds from seconds.txt ("" when the run was written by an older version of this script).
+    pair, variant and seed come from the folder name; held-out success/score at step 0 (the run's own evaluation
+    at step 0 if it has one, else `initial`, the shared one) and at the last evaluation; the sampled success of
+    the policy's training rollouts over the first and the last 10 iterations; seconds from seconds.txt ("" when
+    the run was written by an older version of this script).
     """
-    paths = list(runs_dir.glob("*/metrics.jsonl"))
-    if len(paths) != 1:
-        return None
-    rows = read_metrics(paths[0])
-    evals = [r for r in rows if "eval/success_rate" in r]
+    evals = eval_rows(runs_dir)
     if not evals or evals[-1]["env_steps"] < budget:
         return None
+    if evals[0]["env_steps"] > 0:
+        if initial is None:
+            return None
+        evals = [initial] + evals
+    rows = read_metrics(next(runs_dir.glob("*/metrics.jsonl")))
     train = [r["train/success_rate"] for r in rows if "train/success_rate" in r]  # sampled, the policy's own
     pair, variant, seed = runs_dir.name.split("__")
     first, last = evals[0], evals[-1]
@@ -237,7 +267,9 @@ def main() -> None:
     p.add_argument("--only", choices=list(PAIRS), action="append", help="run only this pair (repeatable)")
     p.add_argument("--quick", action="store_true", help="10-minute check: 1 seed, small budget, two pairs")
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--total-env-steps", type=int, default=6000, help="budget per run, explorer steps included")
+    p.add_argument(
+        "--total-env-steps", type=int, default=4000, help="budget per run, explorer steps included (sized for 2 h)"
+    )
     p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
@@ -257,12 +289,18 @@ def main() -> None:
     suffix = "_quick" if a.quick else ""
     lock = threading.Lock()
 
+    # Step 0 of every (env, seed) first, shared by the runs on it (a failure here stops the table: nothing to share)
+    starts = sorted({(pair_env(pair), s) for pair, _, s in jobs})
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, a.out), starts)))
+    print(f"step-0 evaluations of {len(starts)} (env, seed) models: {time.time() - t0:.0f} s")
+
     def attempt(job):
         # One failed run is reported at the end; it does not throw away the hours of runs around it. The CSVs
         # are rewritten after every run, so an interrupted table keeps what it measured (and a rerun of the
         # same command reuses those runs).
         try:
-            r = run_one(*job, budget, eval_tasks, eval_every, a.out)
+            r = run_one(*job, budget, eval_tasks, eval_every, a.out, initial[(pair_env(job[0]), job[2])])
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
             print(f"FAILED: {e}", flush=True)

@@ -12,20 +12,20 @@ Model FLOPs (stated so the figure can be checked): for a row of T tokens, one fo
 where N_mm is the number of matmul weights (every nn.Linear: attention q/k/v/o, MLP gate/up/down, and the LM head,
 which is tied to the embedding but is still a d x V matmul: a quarter of the tiny model's N_mm), L the number of
 layers and d the attention width (the T^2 term is QK^T and AV over the full T x T score matrix, as computed).
-With `--experiment response-logits` the LM head term counts only the response tokens (2 * N_head * T_response),
-since that is all the changed code computes.
+The scripts apply the LM head only at the response positions (the only ones a loss reads), so its term counts the
+response tokens only (2 * N_head * T_response); under `--experiment full-logits` it counts every position.
 A training pass is 3 * F_fwd (backward = 2 x forward); the update phase counts 2 * F_fwd per row for the old and
 reference log-probs plus 3 * F_fwd per row per epoch. Padding, softmax/log-softmax, norms and the optimiser are
 not counted (they are real work, so MFU is a lower bound on how busy the matmul units are). The peak is the best of
 a few fp32 `torch.matmul` of `--matmul-size`^3 (2 n^3 FLOPs each).
 
-`--experiment response-logits` times every update a second time with the training script's `token_logprobs`
-replaced (in this process only) by one that applies the LM head and the softmax over the vocabulary only at the
-response positions (the only ones any loss reads), on the same trajectories from the same initial weights, and
-reports the before/after ratios and the largest difference of the log-probs (float rounding only).
+`--experiment full-logits` is the update before the speed-up, kept to show its before/after: every update is also
+timed with the training script's `token_logprobs` replaced (in this process only) by the former one, which applies
+the LM head and the vocabulary softmax at every position, on the same trajectories from the same initial weights;
+the report gives the before/after ratios and the largest difference of the log-probs (float rounding only).
 
     python benchmarks/throughput.py                            # ~5 minutes on 2 shared cores
-    python benchmarks/throughput.py --experiment response-logits   # before/after of the update
+    python benchmarks/throughput.py --experiment full-logits --threads 1   # before/after of the update
     python benchmarks/throughput.py --envs 1 --max-steps 2 --max-new-tokens 8 --matmul-size 128   # smoke size
 
 Prints a markdown table and writes `--out` (default benchmarks/results/throughput.json).
@@ -244,8 +244,9 @@ class Bench:
         )  # fmt: skip
         t2, c2 = time.perf_counter(), time.process_time()
         lengths = [len(r.input_ids) for r in rows]
+        # the script applies the LM head at response positions only; the full-logits experiment at all of them
         head_tokens = None
-        if grpo.token_logprobs is token_logprobs_at_responses:
+        if grpo.token_logprobs is not token_logprobs_full_vocab:
             head_tokens = [len(r.input_ids) - r.prompt_len for r in rows]
         fwd = forward_flops(lengths, self.n_mm, self.n_layers, self.d_attn, self.n_head, head_tokens)
         return {
@@ -272,7 +273,7 @@ def log(msg: str) -> None:
 
 
 def measure(bench: Bench, args: argparse.Namespace, variants: list[str]) -> dict:
-    """All three measurements; every update is timed once per variant (the original first, then the experiment),
+    """All three measurements; every update is timed once per variant (the experiment first, then today's code),
     on the same trajectories from the same initial weights, so that before/after differ only in the change."""
 
     def updates(trajs: list) -> dict:
@@ -361,10 +362,7 @@ def summarise(raw: dict, peak: float, variant: str) -> dict[str, float]:
 # ---------------------------------------------------------------------------------------------- the experiment
 
 
-_LAST_BATCH: dict[str, torch.Tensor] = {}
-
-
-def token_logprobs_at_responses(
+def token_logprobs_full_vocab(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
@@ -372,45 +370,17 @@ def token_logprobs_at_responses(
     with_entropy: bool = False,
     response_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """grpo.token_logprobs with the LM head and the softmax over the vocabulary only at response positions.
+    """grpo.token_logprobs as it was before the speed-up: the LM head and the vocabulary softmax at every position.
 
-    response_mask: [B, T-1] bool (position t predicts token t+1). The backbone runs on every position as before;
-    the d x V head matmul, log-softmax and entropy run on the K masked positions only (K = response tokens, a
-    small share of the prompt+response tokens of a turn). Returns [B, T-1] tensors that equal token_logprobs'
-    at masked positions and are 0 elsewhere (every caller reads only the masked positions).
+    The response mask is ignored, so the d x V head matmul, log-softmax and entropy run on all T-1 positions of each
+    row rather than the K response positions; the values at the response positions are the same (the callers read
+    only those).
     """
-    if response_mask is None:
-        batch_ids = _LAST_BATCH.get("input_ids")
-        if batch_ids is None or batch_ids is not input_ids:
-            return _ORIGINAL["token_logprobs"](model, input_ids, attention_mask, temperature, with_entropy)
-        response_mask = _LAST_BATCH["response_mask"]
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    hidden = hidden.last_hidden_state[:, :-1][response_mask]  # [K, d]
-    logits = model.get_output_embeddings()(hidden).float() / temperature  # [K, V]
-    log_z = torch.logsumexp(logits, dim=-1)
-    picked = torch.gather(logits, -1, input_ids[:, 1:][response_mask].unsqueeze(-1)).squeeze(-1) - log_z
-    logprobs = torch.zeros(response_mask.shape, dtype=picked.dtype, device=picked.device).masked_scatter(
-        response_mask, picked
-    )
-    entropy = None
-    if with_entropy:
-        ent = log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-        entropy = torch.zeros(response_mask.shape, dtype=ent.dtype, device=ent.device).masked_scatter(
-            response_mask, ent
-        )
-    return logprobs, entropy
+    return _ORIGINAL["token_logprobs"](model, input_ids, attention_mask, temperature, with_entropy)
 
 
-def _collate_and_remember(*args, **kwargs) -> dict[str, torch.Tensor]:
-    # The script's callers pass no response mask to token_logprobs; the batch just collated is the one they use.
-    out = _ORIGINAL["collate"](*args, **kwargs)
-    _LAST_BATCH.clear()
-    _LAST_BATCH.update(input_ids=out["input_ids"], response_mask=out["response_mask"])
-    return out
-
-
-_ORIGINAL = {"token_logprobs": grpo.token_logprobs, "collate": grpo.collate}
-EXPERIMENTS = {"response-logits": "LM head + vocabulary softmax only at response positions in token_logprobs"}
+_ORIGINAL = {"token_logprobs": grpo.token_logprobs}
+EXPERIMENTS = {"full-logits": "the update before the speed-up: LM head + vocabulary softmax at every position"}
 
 
 @contextmanager
@@ -419,27 +389,26 @@ def experiment(name: str):
     if name == "none":
         yield
         return
-    if name != "response-logits":
+    if name != "full-logits":
         raise ValueError(f"unknown experiment {name!r}")
-    grpo.token_logprobs, grpo.collate = token_logprobs_at_responses, _collate_and_remember
+    grpo.token_logprobs = token_logprobs_full_vocab
     try:
         yield
     finally:
-        grpo.token_logprobs, grpo.collate = _ORIGINAL["token_logprobs"], _ORIGINAL["collate"]
-        _LAST_BATCH.clear()
+        grpo.token_logprobs = _ORIGINAL["token_logprobs"]
 
 
 def max_logprob_difference(bench: Bench, trajs: list) -> float:
-    """Largest |difference| of log-probs and entropies at response positions, original vs experiment, on the
-    training rows of `trajs` (the experiment must compute the same numbers, up to float rounding)."""
+    """Largest |difference| of log-probs and entropies at response positions, the script's code vs the full-logits
+    experiment, on the training rows of `trajs` (both must compute the same numbers, up to float rounding)."""
     rows = training_rows(trajs, torch.zeros(sum(len(t.turns) for t in trajs)))
     batch = grpo.collate(rows[:16], bench.tokenizer.pad_token_id, bench.device)
     mask = batch["response_mask"]
     with torch.no_grad():
-        lp, ent = _ORIGINAL["token_logprobs"](bench.policy, batch["input_ids"], batch["attention_mask"], 1.0, True)
-        lp2, ent2 = token_logprobs_at_responses(
+        lp, ent = grpo.token_logprobs(
             bench.policy, batch["input_ids"], batch["attention_mask"], 1.0, True, response_mask=mask
         )
+        lp2, ent2 = token_logprobs_full_vocab(bench.policy, batch["input_ids"], batch["attention_mask"], 1.0, True)
     return max((lp - lp2)[mask].abs().max().item(), (ent - ent2)[mask].abs().max().item())
 
 
@@ -518,7 +487,8 @@ def main(argv: list[str] | None = None) -> dict:
     if args.profile:
         print(profile_iteration(bench, args))
 
-    variants = ["none"] if args.experiment == "none" else ["none", args.experiment]
+    # before (the experiment: the code as it was) and after (today's code), or today's code alone
+    variants = ["none"] if args.experiment == "none" else [args.experiment, "none"]
     raw = measure(bench, args, variants)
     # Measured again at the end (a shared machine drifts); the higher one is the peak, so MFU is not flattered.
     peak_end = matmul_peak(args.matmul_size, args.matmul_repeats)
@@ -530,12 +500,12 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [list(r) for r in base_rows]
     ratios: dict = {}
     if len(variants) > 1:
-        name = variants[1]
-        header = ("measurement", "before", f"after (--experiment {name})")
+        name = variants[0]
+        header = ("measurement", f"before (--experiment {name})", "after (the scripts' code)")
         exp_rows = table_rows(res[name], raw, peak)
         # the rollout does not call the changed code: its rows are the same measurement
-        rows = [[m, v, "(same)" if m.startswith("(a)") else w] for (m, v), (_, w) in zip(base_rows, exp_rows)]
-        before, after = res["none"], res[name]
+        rows = [[m, "(same)" if m.startswith("(a)") else v, w] for (m, v), (_, w) in zip(exp_rows, base_rows)]
+        before, after = res[name], res["none"]
         ratios["update_trained_tokens_per_s"] = (
             after["update_trained_tokens_per_s"] / before["update_trained_tokens_per_s"]
         )

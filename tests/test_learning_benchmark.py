@@ -47,8 +47,33 @@ def test_rerun_reuses_finished_runs_without_training(tmp_path, monkeypatch):
         raise AssertionError("a finished run was trained again")
 
     monkeypatch.setattr(learning.subprocess, "run", no_training)
-    r = learning.run_one("ppo_alfworld", "outcome", 1, 500, 10, 5, tmp_path)
+    r = learning.run_one("ppo_alfworld", "outcome", 1, 500, 10, 5, tmp_path, initial=None)
     assert r["success"] == 0.3 and r["seconds"] == ""
+
+
+def test_shared_step0_evaluation_starts_runs_without_their_own(tmp_path, monkeypatch):
+    """Runs made with --no-eval-at-start take step 0 from the shared --eval-only run of their (env, seed)."""
+    run = write_run(tmp_path, "gigpo_webshop__swap__3", [(2000, 0.4, 71.0), (4010, 0.5, 74.0)])
+    assert learning.finished_run(run, 4000) is None  # no step 0 to compare with
+    initial = {"iteration": 0, "env_steps": 0, "eval/success_rate": 0.25, "eval/score": 66.0}
+    r = learning.finished_run(run, 4000, initial)
+    assert (r["success_start"], r["score_start"], r["success"]) == (0.25, 66.0, 0.5)
+    assert r["curve"] == [(0, 0.25), (2000, 0.4), (4010, 0.5)]
+    # the shared evaluation is one --eval-only run per (env, seed), reused on a rerun; pairs name their env last
+    assert learning.pair_env("gigpo_webshop") == "webshop" and learning.pair_env("ppo_alfworld") == "alfworld"
+    calls = []
+
+    def fake_script(script, flags, runs_dir, what):
+        calls.append((script, flags))
+        write_run(runs_dir.parent.parent, runs_dir.name, [(0, 0.3, 60.0)])
+        return 1.0
+
+    monkeypatch.setattr(learning, "run_script", fake_script)
+    for _ in range(2):
+        row = learning.initial_eval("webshop", 3, 100, tmp_path)
+        assert row["eval/success_rate"] == 0.3 and row["env_steps"] == 0
+    ((script, flags),) = calls
+    assert script == "rspo_grpo_webshop.py" and "--eval-only" in flags and flags[flags.index("--seed") + 1] == "3"
 
 
 def test_tables_summarise_over_seeds(tmp_path):

@@ -47,7 +47,7 @@ def smoke(repo_root, script_env, tmp_path_factory):
     cmd = [
         sys.executable, "benchmarks/throughput.py", "--envs", "1", "--group-size", "1", "--max-steps", "1",
         "--max-new-tokens", "4", "--matmul-size", "64", "--matmul-repeats", "2", "--repeats", "1", "--threads", "1",
-        "--experiment", "response-logits", "--out", str(out),
+        "--experiment", "full-logits", "--out", str(out),
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=repo_root, env=script_env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -71,7 +71,7 @@ def test_table_has_every_row_with_finite_numbers(smoke):
 def test_json_matches_and_experiment_is_exact(smoke):
     _, result = smoke
     assert result["table"]["header"][0] == "measurement" and len(result["table"]["rows"]) == len(ROW_PREFIXES)
-    for variant in ("none", "response-logits"):
+    for variant in ("none", "full-logits"):
         res = result["results"][variant]
         assert all(math.isfinite(v) for v in res.values()), res
         for key in ("rollout_batched_gen_tokens_per_s", "update_trained_tokens_per_s", "update_mfu"):
@@ -84,8 +84,10 @@ def test_json_matches_and_experiment_is_exact(smoke):
     assert result["raw"]["rollout"]["single"]["env_steps"] == result["raw"]["rollout"]["batched"]["env_steps"] == 2
     # the changed log-probs equal the original ones up to float rounding
     assert result["experiment_ratios"]["max_logprob_difference"] < 1e-4
-    # the experiment counts fewer FLOPs (LM head at response tokens only), the same tokens
+    # the scripts' code counts fewer FLOPs than the former full-logits one (LM head at response tokens only), the
+    # same tokens; the table's "before" column is the experiment
     upd = result["raw"]["update"]
-    assert upd["response-logits"]["tokens"] == upd["none"]["tokens"]
-    assert upd["response-logits"]["flops"] < upd["none"]["flops"]
+    assert upd["full-logits"]["tokens"] == upd["none"]["tokens"]
+    assert upd["none"]["flops"] < upd["full-logits"]["flops"]
+    assert result["table"]["header"][1].startswith("before (--experiment full-logits)")
     assert result["machine"]["matmul_peak_flops_per_s"] > 0
