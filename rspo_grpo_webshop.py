@@ -136,7 +136,10 @@ class Args:
     eval_at_start: bool = True
     """also evaluate the initial policy (logged at iteration 0)"""
     num_eval_tasks: int = 50
-    """held-out tasks (test goals 0, 1, ..., at most 500)"""
+    """evaluation tasks: the first goals of --eval-split (test goals 0, 1, ..., at most 500)"""
+    eval_split: Literal["test", "train"] = "test"
+    """`test`: held-out goals; `train`: the first --num-eval-tasks training goals (the training pool is the first
+    --train-pool-size of them), to see how well the policy fits the goals it trains on"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64
@@ -760,7 +763,7 @@ if __name__ == "__main__":
         return env_pool[n]
 
     train_pool = cenvs.split_seeds("webshop", "train", args.train_pool_size, backend=args.env_backend)
-    eval_seeds = cenvs.split_seeds("webshop", "test", args.num_eval_tasks, backend=args.env_backend)
+    eval_seeds = cenvs.split_seeds("webshop", args.eval_split, args.num_eval_tasks, backend=args.env_backend)
 
     # Resume
     start_iteration, env_steps = 1, 0
@@ -787,7 +790,10 @@ if __name__ == "__main__":
             policy, generator, tokenizer, make_envs, eval_seeds, batch_size=args.eval_batch_size,
             temperature=args.eval_temperature, rollout_kw=rollout_kw,
         )  # fmt: skip
-        print(f"iter {iteration}: eval success {metrics['eval/success_rate']:.3f} score {metrics['eval/score']:.1f}")
+        print(
+            f"iter {iteration}: eval success {metrics['eval/success_rate']:.3f} score {metrics['eval/score']:.1f}"
+            f" ({len(eval_seeds)} {args.eval_split} goals)"
+        )
         return metrics
 
     if args.eval_only:

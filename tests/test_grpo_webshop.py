@@ -392,4 +392,13 @@ def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
     proc = _run_script(
         repo_root, script_env, "--eval-only", "--resume", str(swap_run), "--runs-dir", str(swap_run.parent)
     )
-    assert "eval success" in proc.stdout
+    assert "eval success" in proc.stdout and "(2 test goals)" in proc.stdout
+    # the training pool as the evaluation set (how well the policy fits the goals it trains on)
+    train_dir = swap_run.parent / "eval_train"
+    proc = _run_script(
+        repo_root, script_env, "--eval-only", "--eval-split", "train", "--num-eval-tasks", "3",
+        "--runs-dir", str(train_dir),
+    )  # fmt: skip
+    assert "(3 train goals)" in proc.stdout
+    (row,) = _metrics(_only_run(train_dir))
+    assert set(EVAL_KEYS) <= set(row) and row["iteration"] == 0
