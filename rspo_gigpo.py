@@ -981,8 +981,9 @@ if __name__ == "__main__":
             env_pool[n] = cenvs.LockstepEnvs(args.env, n, **env_kw)
         return env_pool[n]
 
-    train_pool = cenvs.split_seeds(args.env, "train", args.train_pool_size, backend=args.env_backend)
-    eval_seeds = cenvs.split_seeds(args.env, args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+    train_pool, eval_seeds = cenvs.seed_pools(
+        args.env, args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
+    )
 
     # Resume
     start_iteration, env_steps = 1, 0

@@ -979,8 +979,9 @@ if __name__ == "__main__":
             env_pool[n] = cenvs.LockstepEnvs("alfworld", n, **env_kw)
         return env_pool[n]
 
-    train_pool = cenvs.split_seeds("alfworld", "train", args.train_pool_size, backend=args.env_backend)
-    eval_seeds = cenvs.split_seeds("alfworld", args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+    train_pool, eval_seeds = cenvs.seed_pools(
+        "alfworld", args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
+    )
 
     # Resume
     start_iteration, env_steps = 1, 0

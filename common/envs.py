@@ -39,7 +39,8 @@ def seed_pools(
     env_name: str, train_pool_size: int, num_eval_tasks: int, backend: str = "embedded", eval_split: str | None = None
 ) -> tuple[list[int], list[int]]:
     """(train pool, evaluation seeds): the first `train_pool_size` seeds of "train" and the first
-    `num_eval_tasks` of the held-out split (default EVAL_SPLIT[env_name]). The splits are disjoint."""
+    `num_eval_tasks` of `eval_split` (default the held-out EVAL_SPLIT[env_name], disjoint from "train"; "train"
+    evaluates on the training goals themselves)."""
     train = split_seeds(env_name, "train", train_pool_size, backend=backend)
     evaluation = split_seeds(env_name, eval_split or EVAL_SPLIT[env_name], num_eval_tasks, backend=backend)
     return train, evaluation
