@@ -16,6 +16,7 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
     python benchmarks/learning.py                  # the whole table: 51 runs, 4,000 env steps each, 1 h 36 min on 2 cores
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (245 s on 2 cores)
+    python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
@@ -28,6 +29,7 @@ import csv
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -123,8 +125,19 @@ def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path) -
 
 
 def run_one(
-    pair: str, variant: str, seed: int, budget: int, eval_tasks: int, eval_every: int, out: pathlib.Path, initial: dict
+    pair: str,
+    variant: str,
+    seed: int,
+    budget: int,
+    eval_tasks: int,
+    eval_every: int,
+    out: pathlib.Path,
+    initial: dict,
+    script_flags: tuple[str, ...] = (),
 ) -> dict:
+    """One training run of `pair`/`variant`/`seed` to `budget` env steps (reused when it is already in `out`).
+
+    script_flags go to the script after the benchmark's own (a later flag wins, so they can change any default)."""
     script, extra = PAIRS[pair]
     runs_dir = out / "runs" / f"{pair}__{variant}__{seed}"
     done = finished_run(runs_dir, budget, initial)
@@ -146,6 +159,7 @@ def run_one(
         "--no-eval-at-start",  # the shared initial_eval
         "--exp-name",
         f"{pair}_{variant}",
+        *script_flags,
     ]
     seconds = run_script(script, flags, runs_dir, f"{pair}/{variant}/seed {seed}")
     result = finished_run(runs_dir, budget, initial)
@@ -278,7 +292,13 @@ def main() -> None:
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
+    p.add_argument(
+        "--script-flags",
+        default="",
+        help="extra flags for every training run, e.g. '--kl-coef 0.1' (give such a table its own --out)",
+    )
     a = p.parse_args()
+    script_flags = tuple(shlex.split(a.script_flags))
     pairs = a.only or list(PAIRS)
     seeds, budget, eval_tasks, eval_every = a.seeds, a.total_env_steps, a.num_eval_tasks, a.eval_every
     if a.quick:
@@ -304,7 +324,7 @@ def main() -> None:
         # are rewritten after every run, so an interrupted table keeps what it measured (and a rerun of the
         # same command reuses those runs).
         try:
-            r = run_one(*job, budget, eval_tasks, eval_every, a.out, initial[(pair_env(job[0]), job[2])])
+            r = run_one(*job, budget, eval_tasks, eval_every, a.out, initial[(pair_env(job[0]), job[2])], script_flags)
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
             print(f"FAILED: {e}", flush=True)

@@ -89,3 +89,20 @@ def test_tables_summarise_over_seeds(tmp_path):
     with open(tmp_path / "learning.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["seed"] for r in rows] == ["1", "2"] and "curve" not in rows[0]
+
+
+def test_script_flags_follow_the_benchmark_flags(tmp_path, monkeypatch):
+    """--script-flags reach the training run after the benchmark's own flags, so they override its defaults."""
+    calls = []
+
+    def fake_script(script, flags, runs_dir, what):
+        calls.append((script, flags))
+        write_run(runs_dir.parent.parent, runs_dir.name, [(0, 0.2, 60.0), (120, 0.3, 65.0)])
+        return 2.0
+
+    monkeypatch.setattr(learning, "run_script", fake_script)
+    r = learning.run_one("gigpo_webshop", "swap", 2, 100, 10, 5, tmp_path, None, ("--kl-coef", "0.1"))
+    ((script, flags),) = calls
+    assert script == "rspo_gigpo.py" and flags[:2] == ["--env", "webshop"]
+    assert flags[-2:] == ["--kl-coef", "0.1"] and flags[flags.index("--reward-mode") + 1] == "swap"
+    assert r["success"] == 0.3 and r["seconds"] == 2.0
