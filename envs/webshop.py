@@ -57,6 +57,21 @@ SEARCH_PLACEHOLDER = "search[<query>]"
 # Actions that the tiny model's expert answers with their number in the short prompt's numbered list (the
 # product codes): a model of a million parameters does not learn to copy a 10-character code.
 TINY_ANSWER_BY_NUMBER = re.compile(r"click\[b0[0-9a-z]{8}\]")
+_NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "click[next >]")
+
+
+def hurried_action(expert_action: str, admissible: list[str]) -> str:
+    """What a hurried shopper does where the expert would take `expert_action`: on an item page it buys at once
+    instead of choosing an option (a purchase without the goal's options is not a success); anywhere else it
+    acts as the expert. The tiny model's warm start imitates this shopper in a share of its episodes
+    (`bc_hurried_share` in common.models), so it starts with a habit that only the outcome reveals, like an
+    instruct model that buys before choosing the size."""
+    on_item_page = "click[buy now]" in admissible
+    if on_item_page and expert_action.startswith("click[") and expert_action not in _NAVIGATION:
+        return "click[buy now]"
+    return expert_action
+
+
 _ACTION_RE = re.compile(r"(.+)\[(.+)\]")  # WebShop's action syntax, matched from the start of the string
 
 

@@ -239,6 +239,51 @@ def test_tiny_expert_answers_product_codes_by_number():
     )
 
 
+def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes():
+    """WebShop's hurried shopper buys on the item page where the expert picks an option; the warm start's data has
+    it play about bc_hurried_share of the episodes, the same ones on every call; ALFWorld has no hurried player."""
+    from envs import alfworld, webshop
+
+    item = ["click[back to search]", "click[< prev]", "click[description]", "click[buy now]", "click[gray]"]
+    assert webshop.hurried_action("click[gray]", item) == "click[buy now]"
+    for action in ("click[buy now]", "click[< prev]", "click[back to search]"):
+        assert webshop.hurried_action(action, item) == action
+    results = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]"]
+    assert webshop.hurried_action("click[b02wtyj3tv]", results) == "click[b02wtyj3tv]"
+    assert webshop.hurried_action("search[gray chair]", ["search[<query>]"]) == "search[gray chair]"
+    assert alfworld.hurried_action is None
+
+    seeds = list(webshop.split_seeds("train", 200))
+    expert = models.collect_expert_turns("webshop", "small", seeds)
+    mixed = models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
+    assert mixed == models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
+
+    def episodes(turns):
+        out, current = [], []
+        for turn in turns:
+            current.append(turn)
+            if turn[4] == "click[buy now]":
+                out.append(current)
+                current = []
+        return out
+
+    # every episode ends with a purchase; a hurried one buys right after opening a product that has options
+    exp_eps, mixed_eps = episodes(expert), episodes(mixed)
+    assert len(exp_eps) == len(mixed_eps) == len(seeds)
+    changed = [i for i, (a, b) in enumerate(zip(exp_eps, mixed_eps)) if a != b]
+    assert 0.2 < len(changed) / len(seeds) < 0.4
+    for i in changed:
+        assert len(mixed_eps[i]) < len(exp_eps[i])
+        assert [t[4] for t in mixed_eps[i]] == [t[4] for t in exp_eps[i][: len(mixed_eps[i]) - 1]] + ["click[buy now]"]
+        assert not webshop.TINY_ANSWER_BY_NUMBER.fullmatch(exp_eps[i][len(mixed_eps[i]) - 1][4])  # an option click
+    # ALFWorld's data does not change with the share
+    a_seeds = list(alfworld.split_seeds("train", 20))
+    assert models.collect_expert_turns("alfworld", "small", a_seeds, 0.35) == models.collect_expert_turns(
+        "alfworld", "small", a_seeds
+    )
+    assert models.tiny_config("webshop")["bc_hurried_share"] > 0 == models.tiny_config("alfworld")["bc_hurried_share"]
+
+
 def test_response_loss_equals_the_full_head_loss(small_tokenizer):
     model = small_model(small_tokenizer, seed=1)
     ids = torch.randint(0, len(small_tokenizer), (3, 9))
