@@ -351,15 +351,20 @@ def test_replay_buffer_capacity_age_and_state():
     assert len(buf) == 2
 
 
-def test_token_logprobs_padding_invariant():
+def _small_lm(seed: int = 0, vocab_size: int = 40):
+    """A one-layer Qwen2 causal LM with random weights (seeded)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = Qwen2Config(
-        vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, max_position_embeddings=64,
     )  # fmt: skip
-    model = Qwen2ForCausalLM(cfg).eval()
+    return Qwen2ForCausalLM(cfg)
+
+
+def test_token_logprobs_padding_invariant():
+    model = _small_lm(vocab_size=50).eval()
     seq = torch.tensor([[5, 7, 9, 11, 13]])
     ref, none = gg.token_logprobs(model, seq, torch.ones_like(seq), temperature=0.7)
     assert none is None
@@ -510,20 +515,10 @@ def test_rows_skip_empty_responses_and_keep_turn_indices():
 
 def test_update_is_the_same_under_gradient_accumulation():
     """Token-mean over the minibatch: one row per micro-batch gives the same step as one micro-batch for all."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    def lm(seed):
-        torch.manual_seed(seed)
-        cfg = Qwen2Config(
-            vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=64,
-        )  # fmt: skip
-        return Qwen2ForCausalLM(cfg)
-
     gen = torch.Generator().manual_seed(3)
     params = []
     for micro in (10_000, 1):
-        model, ref = lm(0), lm(1)
+        model, ref = _small_lm(0), _small_lm(1)
         rows = []
         for i in range(5):
             p, r = 3 + i % 3, 2 + i % 2
@@ -540,7 +535,7 @@ def test_update_is_the_same_under_gradient_accumulation():
         assert stats["clip_frac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-10)
         params.append(torch.cat([q.detach().flatten() for q in model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
-    assert not torch.equal(params[0], torch.cat([q.detach().flatten() for q in lm(0).parameters()]))
+    assert not torch.equal(params[0], torch.cat([q.detach().flatten() for q in _small_lm(0).parameters()]))
 
 
 @pytest.mark.parametrize("swapped", [False, True])
@@ -548,17 +543,7 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(swapped):
     """The direction of learning: one prompt, two responses with advantages +1 and -1. Twenty rollout-and-update
     rounds (old log-probs recomputed each round, as in the script) must raise the log-probability of the first
     by more than a nat and lower the second's as much; also for swapped explorer rows under importance weights."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    def lm():
-        torch.manual_seed(0)
-        cfg = Qwen2Config(
-            vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-            num_key_value_heads=1, max_position_embeddings=64,
-        )  # fmt: skip
-        return Qwen2ForCausalLM(cfg)
-
-    model, ref = lm(), lm()
+    model, ref = _small_lm(), _small_lm()
     prompt, good, bad = [5, 6, 7], [11, 12], [13, 14]
     kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=gg.nullcontext)
 
