@@ -25,6 +25,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 @pytest.fixture(scope="session")
+def small_lm():
+    """Factory of one-layer Qwen2 causal LMs with random weights: small_lm(seed=0, vocab_size=40, **config), where
+    config adds Qwen2Config fields (e.g. pad_token_id). Nothing is downloaded."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    def make(seed: int = 0, vocab_size: int = 40, **config):
+        torch.manual_seed(seed)
+        cfg = Qwen2Config(
+            vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=64, **config,
+        )  # fmt: skip
+        return Qwen2ForCausalLM(cfg)
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return ROOT
 

@@ -351,20 +351,8 @@ def test_replay_buffer_capacity_age_and_state():
     assert len(buf) == 2
 
 
-def _small_lm(seed: int = 0, vocab_size: int = 40):
-    """A one-layer Qwen2 causal LM with random weights (seeded)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(
-        vocab_size=vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(cfg)
-
-
-def test_token_logprobs_padding_invariant():
-    model = _small_lm(vocab_size=50).eval()
+def test_token_logprobs_padding_invariant(small_lm):
+    model = small_lm(vocab_size=50).eval()
     seq = torch.tensor([[5, 7, 9, 11, 13]])
     ref, none = gg.token_logprobs(model, seq, torch.ones_like(seq), temperature=0.7)
     assert none is None
@@ -513,12 +501,12 @@ def test_rows_skip_empty_responses_and_keep_turn_indices():
     assert [r.swapped for r in rows] == [False, False, True] and rows[2].off_policy
 
 
-def test_update_is_the_same_under_gradient_accumulation():
+def test_update_is_the_same_under_gradient_accumulation(small_lm):
     """Token-mean over the minibatch: one row per micro-batch gives the same step as one micro-batch for all."""
     gen = torch.Generator().manual_seed(3)
     params = []
     for micro in (10_000, 1):
-        model, ref = _small_lm(0), _small_lm(1)
+        model, ref = small_lm(0), small_lm(1)
         rows = []
         for i in range(5):
             p, r = 3 + i % 3, 2 + i % 2
@@ -535,4 +523,4 @@ def test_update_is_the_same_under_gradient_accumulation():
         assert stats["clip_frac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-10)
         params.append(torch.cat([q.detach().flatten() for q in model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)
-    assert not torch.equal(params[0], torch.cat([q.detach().flatten() for q in _small_lm(0).parameters()]))
+    assert not torch.equal(params[0], torch.cat([q.detach().flatten() for q in small_lm(0).parameters()]))

@@ -205,17 +205,6 @@ def test_pack_by_tokens():
 # the update on a small real transformers model
 
 
-def _small_lm(seed=0):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config)
-
-
 def _rows(n=5):
     gen = torch.Generator().manual_seed(3)
     rows = []
@@ -227,11 +216,11 @@ def _rows(n=5):
 
 
 @pytest.mark.parametrize("use_is", [True, False])
-def test_update_is_the_same_under_gradient_accumulation(use_is):
+def test_update_is_the_same_under_gradient_accumulation(small_lm, use_is):
     """Token-mean over the minibatch: one micro-batch per row gives the same step as one micro-batch for all."""
     results = []
     for micro in (10_000, 1):
-        model, ref = _small_lm(), _small_lm(1)
+        model, ref = small_lm(), small_lm(1)
         rows = _rows()
         kw = dict(temperature=1.0, is_cap=2.0, pad_id=0, device=torch.device("cpu"), autocast=g.nullcontext)
         g.prepare_rows(model, ref, rows, micro_batch_tokens=micro, **kw)
@@ -251,8 +240,8 @@ def test_update_is_the_same_under_gradient_accumulation(use_is):
     assert torch.all(rows1[4].is_weights <= 2.0) and torch.any(rows1[4].is_weights != 1)
 
 
-def test_zero_advantages_leave_only_kl_and_entropy():
-    model, ref = _small_lm(), _small_lm()
+def test_zero_advantages_leave_only_kl_and_entropy(small_lm):
+    model, ref = small_lm(), small_lm()
     rows = _rows()
     for r in rows:
         r.advantage = 0.0
@@ -270,8 +259,8 @@ def test_zero_advantages_leave_only_kl_and_entropy():
         torch.testing.assert_close(a, b.detach(), atol=1e-7, rtol=0)
 
 
-def test_token_logprobs_match_softmax():
-    model = _small_lm()
+def test_token_logprobs_match_softmax(small_lm):
+    model = small_lm()
     ids = torch.tensor([[1, 5, 7, 9]])
     lp, ent = g.token_logprobs(model, ids, torch.ones_like(ids), temperature=0.7, with_entropy=True)
     logits = model(ids).logits[0, :-1] / 0.7
@@ -281,14 +270,14 @@ def test_token_logprobs_match_softmax():
     torch.testing.assert_close(ent[0], -(p * torch.log(p)).sum(-1))
 
 
-def test_token_logprobs_response_mask_equals_full_head_and_gradient():
+def test_token_logprobs_response_mask_equals_full_head_and_gradient(small_lm):
     """The response-only LM head gives the same log-probs, entropies and gradients on the masked positions."""
     ids = torch.tensor([[1, 5, 7, 9, 4, 2], [3, 8, 6, 2, 0, 0]])
     attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
     mask = torch.tensor([[False, False, True, True, True], [False, True, True, False, False]])
     grads = []
     for response_mask in (None, mask):
-        model = _small_lm()
+        model = small_lm()
         lp, ent = g.token_logprobs(model, ids, attn, 0.7, with_entropy=True, response_mask=response_mask)
         if response_mask is not None:
             assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import rspo_ppo_alfworld as p
 from common import models
@@ -135,13 +134,8 @@ def test_kl_k3():
 
 
 @pytest.fixture(scope="module")
-def tiny_lm():
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config).eval()
+def tiny_lm(small_lm):
+    return small_lm(pad_token_id=0, eos_token_id=1).eval()
 
 
 @pytest.fixture(scope="module")

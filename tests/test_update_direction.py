@@ -7,7 +7,6 @@ import copy
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import rspo_gigpo
 import rspo_grpo_webshop
@@ -17,15 +16,6 @@ from common import models
 PROMPT, GOOD, BAD = [5, 6, 7], [11, 12], [13, 14]
 KW = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
 LOSS_KW = dict(clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, use_is_weights=True)
-
-
-def _small_lm():
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, max_position_embeddings=64, pad_token_id=0, eos_token_id=1,
-    )  # fmt: skip
-    return Qwen2ForCausalLM(config)
 
 
 def _group_script(module):
@@ -61,12 +51,12 @@ def _ppo_script(model):
 
 @pytest.mark.parametrize("swapped", [False, True], ids=["own", "swapped"])
 @pytest.mark.parametrize("script", ["grpo", "gigpo", "ppo"])
-def test_repeated_updates_make_positive_advantage_responses_likelier(script, swapped):
+def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, script, swapped):
     """One prompt, two responses with advantages +1 and -1. Twenty rollout-and-update rounds (old log-probs
     recomputed each round, as in the scripts) raise the first's log-probability by more than a nat and lower the
     second's as much. Behaviour log-probs are the current model's, so swapped rows get importance weights 1."""
     module = {"grpo": rspo_grpo_webshop, "gigpo": rspo_gigpo, "ppo": rspo_ppo_alfworld}[script]
-    model = _small_lm()
+    model = small_lm(pad_token_id=0, eos_token_id=1)
     ref = copy.deepcopy(model)
     make_row, update = _ppo_script(model) if script == "ppo" else _group_script(module)
 
