@@ -392,7 +392,7 @@ class ReplayBuffer:
 
 def rollout(
     model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
-    history_len, short, max_prompt_tokens, outcome_scale, autocast,
+    history_len, short, by_number, max_prompt_tokens, outcome_scale, autocast,
 ) -> tuple[list[Trajectory], dict]:  # fmt: skip
     """Play len(task_seeds) * group_size episodes in lockstep (group = same seed), one batched generate per turn."""
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
@@ -413,6 +413,7 @@ def rollout(
                 infos[i]["admissible_actions"],
                 history_len=history_len,
                 short=short,
+                by_number=by_number,
                 max_prompt_tokens=max_prompt_tokens,
             )  # fmt: skip
             for i in idx
@@ -740,6 +741,8 @@ if __name__ == "__main__":
     explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
     short = models.is_tiny(args.model_name)
+    # the short form writes the actions that the tiny model answers by number (WebShop's products) as #k
+    by_number = cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER if short else None
     context = getattr(policy.config, "max_position_embeddings", None) or 10**9
     max_prompt_tokens = args.max_prompt_tokens
     if max_prompt_tokens is None:
@@ -751,7 +754,7 @@ if __name__ == "__main__":
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
     rollout_kw = dict(
-        history_len=args.history_len, short=short, max_prompt_tokens=max_prompt_tokens,
+        history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
         outcome_scale=args.outcome_scale, autocast=autocast,
     )  # fmt: skip
     env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)

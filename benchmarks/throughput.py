@@ -216,7 +216,9 @@ class Bench:
             trajs, stats = grpo.rollout(
                 self.policy, self.generator, self.tokenizer, envs, task_seeds, group_size, sampler="policy",
                 iteration=1, temperature=self.args.temperature, greedy=False, history_len=self.args.history_len,
-                short=True, max_prompt_tokens=self.max_prompt_tokens, outcome_scale=10.0, autocast=nullcontext,
+                short=True, by_number=cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER,
+                max_prompt_tokens=self.max_prompt_tokens,
+                outcome_scale=10.0, autocast=nullcontext,
             )  # fmt: skip
             stats = dict(stats, wall_s=time.perf_counter() - t0, env_s=envs.env_s)
             first = first or trajs

@@ -42,7 +42,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1, help="which tiny model (one per seed)")
     a = p.parse_args()
     torch.set_num_threads(1)
-    cfg = models.TINY_CONFIG
+    cfg = models.tiny_config("webshop")
     model, tok = models.load_model("tiny", env_name="webshop", preset="small", seed=a.seed)
     model.eval()
     goals = list(webshop.split_seeds("train", 20_000))[-a.goals :]
@@ -61,6 +61,7 @@ def main() -> None:
                 adm,
                 history_len=cfg["history_len"],
                 short=True,
+                by_number=webshop.TINY_ANSWER_BY_NUMBER,
                 max_prompt_tokens=cfg["max_prompt_tokens"],
             )
             for t, o, h, adm, _ in chunk

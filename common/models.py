@@ -41,7 +41,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Everything that determines the tiny model; its hash names the cache folder (with the env's own fingerprint).
 TINY_CONFIG = {
-    "version": 5,
+    "version": 6,
     "vocab_size": 1536,
     "hidden_size": 128,
     "intermediate_size": 384,
@@ -54,6 +54,7 @@ TINY_CONFIG = {
     "max_prompt_tokens": 512,
     "max_new_tokens": 32,
     # behaviour cloning
+    "bc_threads": 1,  # torch threads of the build, fixed (not the machine's count) so the weights are the same
     "bc_train_seeds": 1024,
     # share of the BC episodes played by the env's hurried demonstrator (`hurried_action`) instead of its expert
     "bc_hurried_share": 0.0,
@@ -68,9 +69,9 @@ TINY_CONFIG = {
     "success_band": (0.10, 0.40),
 }
 # Per-env changes to TINY_CONFIG. WebShop: a third of the demonstrations buy without choosing the options, so the
-# warm start has a habit that RL on the outcome can unlearn (held-out greedy success 0.23 -> 0.45 within 4,000
-# env steps of GRPO, seed 1); it needs longer to enter the band, hence more BC steps.
-TINY_ENV_CONFIG = {"webshop": {"bc_hurried_share": 0.35, "bc_max_steps": 2000}}
+# warm start has a habit that RL on the outcome can unlearn; it needs longer to enter the band, hence more BC steps
+# (seeds 1-3 enter it at steps 1,400, 1,200 and 2,800), run on 2 threads (about 0.105 s a step on 2 cores).
+TINY_ENV_CONFIG = {"webshop": {"bc_hurried_share": 0.35, "bc_max_steps": 3000, "bc_threads": 2}}
 
 
 def tiny_config(env_name: str) -> dict:
@@ -267,11 +268,12 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def train_tiny_tokenizer(texts: list[str], vocab_size: int):
+def train_tiny_tokenizer(texts: list[str], vocab_size: int, extra_tokens: tuple[str, ...] = ()):
     """A byte-level BPE tokenizer (any string encodes; decode(encode(s)) == s) trained on `texts`.
 
-    Special tokens: `<|endoftext|>` (EOS, also BOS in the config), `<|pad|>`; `<action>` and `</action>` are
-    single tokens (added, not special: they are kept by decode). No BOS is prepended.
+    Special tokens: `<|endoftext|>` (EOS, also BOS in the config), `<|pad|>`; `<action>`, `</action>` and each of
+    `extra_tokens` (an env's frequent markup, e.g. WebShop's " [SEP]", which BPE would split in three at the
+    brackets) are single tokens (added, not special: they are kept by decode). No BOS is prepended.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -285,7 +287,7 @@ def train_tiny_tokenizer(texts: list[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken("<action>", normalized=False), AddedToken("</action>", normalized=False)])
+    tok.add_tokens([AddedToken(t, normalized=False) for t in ("<action>", "</action>", *extra_tokens)])
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|endoftext|>",
@@ -332,7 +334,8 @@ def build_tiny(
     Folder: <cache>/tiny/<env>-<preset>-seed<seed>-<hash>/ with the save_pretrained model and tokenizer and
     warmstart.json (what the warm start reached). The hash covers `config` (default TINY_CONFIG) and the
     environment's text corpus, so a change of either builds a new model. A file lock makes concurrent callers
-    (test workers) build it once; the folder appears atomically when complete.
+    (test workers, benchmark jobs) build one model at a time, each once; the folder appears atomically when
+    complete.
     """
     cfg = dict(tiny_config(env_name) if config is None else config)
     cfg["warm_start"] = warm_start
@@ -342,15 +345,17 @@ def build_tiny(
     final = default_cache_dir(cache_dir) / "tiny" / f"{env_name}-{preset}-seed{seed}-{key}"
     if (final / "warmstart.json").exists():
         return final
-    with _file_lock(final.with_name(final.name + ".lock")):
+    # One build at a time per cache, whichever model: each runs bc_threads threads, and two builds side by side
+    # on 2 cores oversubscribe them (measured: 6x slower each). A caller waiting here uses no CPU.
+    with _file_lock(final.parent / ".build.lock"):
         if (final / "warmstart.json").exists():
             return final
         tmp = final.with_name(final.name + f".tmp{os.getpid()}")
         shutil.rmtree(tmp, ignore_errors=True)
-        # One thread: the same floating-point reduction order on every machine (the build is deterministic),
-        # and no slowdown when several test workers share the cores.
+        # A fixed thread count (bc_threads), not the machine's: the same floating-point reduction order on every
+        # machine, so the build is deterministic.
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        torch.set_num_threads(cfg.get("bc_threads", 1))
         try:
             with torch.random.fork_rng(devices=[]):
                 report = _build_tiny_into(tmp, env_name, preset, seed, cfg, corpus)
@@ -431,6 +436,7 @@ def evaluate_success(
                 infos[i]["admissible_actions"],
                 history_len=history_len,
                 short=True,
+                by_number=_env_module(env_name).TINY_ANSWER_BY_NUMBER,
                 max_prompt_tokens=max_prompt_tokens,
             )
             for i in live
@@ -530,9 +536,10 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
     env = _env_module(env_name)
     train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
     turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"])
-    prompts = [build_prompt(t, o, h, a, history_len=cfg["history_len"], short=True) for t, o, h, a, _ in turns]
+    short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
+    prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
     responses = [format_response(tiny_expert_answer(env, action, a), short=True) for _, _, _, a, action in turns]
-    tokenizer = train_tiny_tokenizer(corpus + prompts + responses, cfg["vocab_size"])
+    tokenizer = train_tiny_tokenizer(corpus + prompts + responses, cfg["vocab_size"], env.TINY_TOKENS)
     tokenizer.model_max_length = cfg["max_position_embeddings"]
     model = _tiny_model(tokenizer, cfg, seed)
     report: dict = {"parameters": sum(p.numel() for p in model.parameters()), "expert_turns": len(turns)}
@@ -541,16 +548,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
     if cfg["warm_start"]:
         examples = [
             (
-                encode_prompt(
-                    tokenizer,
-                    t,
-                    o,
-                    h,
-                    a,
-                    history_len=cfg["history_len"],
-                    short=True,
-                    max_prompt_tokens=cfg["max_prompt_tokens"],
-                ),
+                encode_prompt(tokenizer, t, o, h, a, **short, max_prompt_tokens=cfg["max_prompt_tokens"]),
                 tokenizer(r).input_ids,
             )
             for (t, o, h, a, _), r in zip(turns, responses)

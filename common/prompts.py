@@ -10,11 +10,16 @@ the admissible actions. Two forms:
   the observation (WebShop pages and ALFWorld's first observation quote it), the admissible actions are
   numbered, and the response is just `<action>...</action>` holding the action or its number (a model of a
   million parameters does not learn to copy a 10-character WebShop product code: 3% exact on held-out turns).
+  The actions that the env answers by number (`by_number`, WebShop's product clicks) are written as `#k` in the
+  observation, where the page shows their code, and as the bare number in the list: the product and its number
+  stand side by side, and the prompt is ~40% shorter on a results page.
 
 Both are deterministic: the same inputs give the same string.
 """
 
 from __future__ import annotations
+
+import re
 
 ACTION_OPEN = "<action>"
 ACTION_CLOSE = "</action>"
@@ -34,6 +39,12 @@ def _recent(history: list[tuple[str, str]], history_len: int) -> list[tuple[str,
     return list(history[-history_len:])
 
 
+def _argument(action: str) -> str:
+    """The text inside an action's brackets (`click[b0abc]` -> `b0abc`), or the whole action without them."""
+    open_, close = action.find("["), action.rfind("]")
+    return action[open_ + 1 : close] if 0 <= open_ < close else action
+
+
 def build_prompt(
     task: str,
     obs: str,
@@ -42,6 +53,7 @@ def build_prompt(
     *,
     history_len: int = 2,
     short: bool = False,
+    by_number: re.Pattern | None = None,
 ) -> str:
     """The prompt text of one turn.
 
@@ -49,6 +61,9 @@ def build_prompt(
     are shown (oldest first). admissible: the actions valid now, in the environment's order.
     short=True: the compact form for the `tiny` model (no `<think>` instruction, past actions without their
     observations, numbered actions), e.g. `task: ...\\nprev: <action> | <action>\\nobs: ...\\nactions: 1 a | 2 b\\n`.
+    by_number (short form only): a pattern of the actions answered by their number; each admissible action it
+    fully matches is listed as its bare number k, and its argument (the text inside `[...]`, or the whole action)
+    is written `#k` wherever the observation shows it (case-insensitively).
     """
     recent = _recent(history, history_len)
     if short:
@@ -59,9 +74,16 @@ def build_prompt(
         obs_text = _one_line(obs)
         if task_text:
             obs_text = _one_line(obs_text.replace(task_text, ""))
-        lines.append(f"obs: {obs_text}")
         # Numbered, so that the answer may be the number instead of the text (parse_action resolves it).
-        lines.append("actions: " + " | ".join(f"{k} {_one_line(a)}" for k, a in enumerate(admissible, 1)))
+        listed = []
+        for k, a in enumerate(admissible, 1):
+            if by_number is not None and by_number.fullmatch(a):
+                obs_text = re.sub(re.escape(_argument(a)), f"#{k}", obs_text, flags=re.IGNORECASE)
+                listed.append(str(k))
+            else:
+                listed.append(f"{k} {_one_line(a)}")
+        lines.append(f"obs: {obs_text}")
+        lines.append("actions: " + " | ".join(listed))
         return "\n".join(lines) + "\n"
 
     parts = [
@@ -108,6 +130,7 @@ def encode_prompt(
     *,
     history_len: int = 2,
     short: bool = False,
+    by_number: re.Pattern | None = None,
     max_prompt_tokens: int | None = None,
 ) -> list[int]:
     """Token ids of the turn's prompt, at most `max_prompt_tokens` long (None: no limit).
@@ -123,7 +146,8 @@ def encode_prompt(
         raise ValueError(f"max_prompt_tokens must be positive, got {max_prompt_tokens}")
 
     def encode(h: int, o: str, adm: list[str]) -> list[int]:
-        return _tokenize(tokenizer, build_prompt(task, o, history, adm, history_len=h, short=short))
+        text = build_prompt(task, o, history, adm, history_len=h, short=short, by_number=by_number)
+        return _tokenize(tokenizer, text)
 
     h = min(max(history_len, 0), len(history))
     ids = encode(h, obs, admissible)

@@ -57,6 +57,8 @@ SEARCH_PLACEHOLDER = "search[<query>]"
 # Actions that the tiny model's expert answers with their number in the short prompt's numbered list (the
 # product codes): a model of a million parameters does not learn to copy a 10-character code.
 TINY_ANSWER_BY_NUMBER = re.compile(r"click\[b0[0-9a-z]{8}\]")
+# One token each in the tiny model's tokenizer: the page separator, which byte-level BPE splits in three.
+TINY_TOKENS = (" [SEP]",)
 _NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "click[next >]")
 
 

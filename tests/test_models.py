@@ -29,6 +29,18 @@ def small_tokenizer():
     return train_tiny_tokenizer(TEXTS * 8, vocab_size=400)
 
 
+def test_tiny_tokenizer_keeps_extra_tokens_whole():
+    plain = train_tiny_tokenizer(TEXTS * 8, vocab_size=400)
+    extra = train_tiny_tokenizer(TEXTS * 8, vocab_size=400, extra_tokens=(" [SEP]",))
+    page = TEXTS[3]
+    assert extra.convert_ids_to_tokens(extra(" [SEP]").input_ids) == [" [SEP]"]
+    assert len(plain(" [SEP]").input_ids) > 1
+    # every " [SEP]" of the page costs one token less or more than that, and the text still round-trips
+    assert len(extra(page).input_ids) < len(plain(page).input_ids) - page.count(" [SEP]") // 2
+    assert extra.decode(extra(page).input_ids) == page
+    assert extra.decode(extra("[SEP] at the start, no space").input_ids) == "[SEP] at the start, no space"
+
+
 def small_model(tokenizer, seed=0) -> Qwen2ForCausalLM:
     torch.manual_seed(seed)
     config = Qwen2Config(
@@ -319,8 +331,15 @@ def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
     assert report["in_band"] == (0.10 <= report["success"] <= 0.40)
     assert [e["step"] for e in report["evaluations"]][0] == 2
     assert path.name.startswith("alfworld-small-seed1-")
-    # a second build elsewhere gives the same weights; the cached folder is found again without a rebuild
-    other = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "b"), config=SMALL_TINY)
+    # a second build elsewhere gives the same weights, whatever the caller's thread count (the build runs on
+    # bc_threads, and gives the caller's count back); the cached folder is found again without a rebuild
+    threads = torch.get_num_threads()
+    torch.set_num_threads(3 - min(threads, 2))  # 1 <-> 2
+    try:
+        other = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "b"), config=SMALL_TINY)
+        assert torch.get_num_threads() == 3 - min(threads, 2)
+    finally:
+        torch.set_num_threads(threads)
     m1, t1 = load_model(str(path))
     m2, _ = load_model(str(other))
     assert all(torch.equal(x, y) for x, y in zip(m1.state_dict().values(), m2.state_dict().values()))

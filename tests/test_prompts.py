@@ -89,6 +89,23 @@ def test_short_form_does_not_repeat_the_task_in_the_observation():
     assert obs.strip() in build_prompt("i need a red mug", obs, [], ["search[<query>]"])
 
 
+def test_short_form_writes_actions_answered_by_number_as_their_number():
+    by_number = re.compile(r"click\[b0[0-9a-z]{8}\]")
+    obs = "Back to Search [SEP] B0AAAA1111 [SEP] red mug [SEP] $9.99 [SEP] B0BBBB2222 [SEP] blue mug [SEP] $5.99"
+    adm = ["click[back to search]", "click[b0aaaa1111]", "click[b0bbbb2222]"]
+    p = build_prompt("i need a red mug", obs, [("page", "search[red mug]")], adm, short=True, by_number=by_number)
+    assert p == (
+        "task: i need a red mug\nprev: search[red mug]\n"
+        "obs: Back to Search [SEP] #2 [SEP] red mug [SEP] $9.99 [SEP] #3 [SEP] blue mug [SEP] $5.99\n"
+        "actions: 1 click[back to search] | 2 | 3\n"
+    )
+    # the answer "2" is still the product's click, and without by_number (or in the long form) nothing changes
+    assert parse_action("<action>2</action>", adm) == ("click[b0aaaa1111]", True)
+    plain = build_prompt("i need a red mug", obs, [], adm, short=True)
+    assert "B0AAAA1111" in plain and "2 click[b0aaaa1111]" in plain
+    assert build_prompt("t", obs, [], adm, by_number=by_number) == build_prompt("t", obs, [], adm)
+
+
 def test_encode_prompt_matches_tokenizer_when_it_fits(tokenizer):
     ids = encode_prompt(tokenizer, TASK, OBS, HISTORY, ADMISSIBLE, history_len=3, short=False, max_prompt_tokens=None)
     text = build_prompt(TASK, OBS, HISTORY, ADMISSIBLE, history_len=3)
