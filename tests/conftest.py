@@ -51,16 +51,13 @@ def repo_root() -> pathlib.Path:
 def tiny_models() -> None:
     """Build (or find in the cache) the default tiny models before a script subprocess needs them.
 
-    The first build on a fresh clone takes minutes; done here it runs without the subprocess timeouts, and
-    the two xdist workers start from different envs so that the two models build side by side (the file lock
-    in build_tiny makes the other worker wait for, then reuse, the model it did not build).
+    The first build on a fresh clone takes minutes; done here it runs without the subprocess timeouts. The
+    file lock in build_tiny runs one build at a time (WebShop's uses both cores): the other xdist worker waits
+    for, then reuses, the models.
     """
     from common.models import build_tiny
 
-    order = ["alfworld", "webshop"]
-    if os.environ.get("PYTEST_XDIST_WORKER", "gw0")[-1] in "13579":
-        order.reverse()
-    for env_name in order:
+    for env_name in ("webshop", "alfworld"):
         build_tiny(env_name, "small", 1)
 
 
