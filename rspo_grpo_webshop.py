@@ -748,16 +748,12 @@ if __name__ == "__main__":
     if max_prompt_tokens is None:
         max_prompt_tokens = getattr(models, "TINY_CONFIG", {}).get("max_prompt_tokens", 512) if short else 4096
     max_prompt_tokens = min(max_prompt_tokens, context - args.max_new_tokens)
-    if args.rollout_backend == "vllm":
-        # The engine starts from a save_pretrained folder of the policy (--model-name may be "tiny" or
-        # "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
-        engine_path = logger.dir / "rollout_model"
-        policy.save_pretrained(engine_path)
-        tokenizer.save_pretrained(engine_path)
-        gen_kw = {"model_path": str(engine_path)}
-    else:
-        gen_kw = {"batch_size": args.generation_batch_size}
-    generator = generation.make_generator(args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, **gen_kw)
+    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run; --model-name may
+    # be "tiny" or "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
+    generator = generation.make_generator(
+        args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.generation_batch_size,
+        model=policy, engine_dir=logger.dir / "rollout_model",
+    )  # fmt: skip
     pad_id = tokenizer.pad_token_id
     rollout_kw = dict(
         history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,

@@ -961,13 +961,12 @@ if __name__ == "__main__":
     by_number = cenvs.env_module("alfworld").TINY_ANSWER_BY_NUMBER if short else None
     context = getattr(policy.config, "max_position_embeddings", None) or 10**9
     max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
-    gen_kw: dict = {"batch_size": args.generation_batch_size}
-    if args.rollout_backend == "vllm":
-        # vLLM starts from a save_pretrained folder of the initial policy; later weights are pushed in memory.
-        gen_kw = {"model_path": str(logger.dir / "initial_policy")}
-        policy.save_pretrained(gen_kw["model_path"])
-        tokenizer.save_pretrained(gen_kw["model_path"])
-    generator = generation.make_generator(args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, **gen_kw)
+    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run; --model-name may
+    # be "tiny" or "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
+    generator = generation.make_generator(
+        args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.generation_batch_size,
+        model=policy, engine_dir=logger.dir / "rollout_model",
+    )  # fmt: skip
     pad_id = tokenizer.pad_token_id
     rollout_kw = dict(
         history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,

@@ -296,12 +296,34 @@ class VLLMGenerator:
         return gens
 
 
-def make_generator(backend: str, tokenizer, *, max_new_tokens: int, model_path: str | None = None, **kw):
-    """backend "hf" -> HFGenerator, "vllm" -> VLLMGenerator (needs `model_path`: a save_pretrained folder)."""
+def make_generator(
+    backend: str,
+    tokenizer,
+    *,
+    max_new_tokens: int,
+    batch_size: int | None = None,
+    model_path: str | None = None,
+    model: PreTrainedModel | None = None,
+    engine_dir: str | os.PathLike | None = None,
+    **vllm_kw,
+):
+    """backend "hf" -> HFGenerator (batch_size prompts per generate call; None: all).
+
+    backend "vllm" -> VLLMGenerator, its engine started from `model_path` (a save_pretrained folder or a hub id), or,
+    without one, from `model` and `tokenizer` saved into `engine_dir` (a run's initial policy, whatever model name
+    it was loaded from). vllm_kw go to VLLMGenerator (gpu_memory_utilization, sleep_between_calls, ...).
+    """
     if backend == "hf":
-        return HFGenerator(tokenizer, max_new_tokens=max_new_tokens, **kw)
+        return HFGenerator(tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
     if backend == "vllm":
         if model_path is None:
-            raise ValueError("the vllm backend needs model_path (a folder written by save_pretrained, or a hub id)")
-        return VLLMGenerator(tokenizer, max_new_tokens=max_new_tokens, model_path=model_path, **kw)
+            if model is None or engine_dir is None:
+                raise ValueError(
+                    "the vllm backend needs model_path (a folder written by save_pretrained, or a hub id), "
+                    "or model and engine_dir to save it into"
+                )
+            model.save_pretrained(engine_dir)
+            tokenizer.save_pretrained(engine_dir)
+            model_path = str(engine_dir)
+        return VLLMGenerator(tokenizer, max_new_tokens=max_new_tokens, model_path=model_path, **vllm_kw)
     raise ValueError(f"unknown rollout backend {backend!r}: expected 'hf' or 'vllm'")

@@ -175,3 +175,17 @@ def test_make_generator_backends(tokenizer):
     except ImportError:
         with pytest.raises(ImportError, match="requirements-gpu.txt"):
             VLLMGenerator(tokenizer, max_new_tokens=4, model_path="/nonexistent")
+
+
+def test_make_generator_saves_the_model_for_the_vllm_engine(tokenizer, tmp_path):
+    """Without model_path the engine's folder is written from the model and tokenizer (here vLLM then refuses to
+    start on a machine without it; tests/test_vllm_backend.py runs the scripts on a stand-in engine)."""
+    try:
+        import vllm  # noqa: F401
+
+        pytest.skip("vLLM is installed: this checks the folder written before the ImportError")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="requirements-gpu.txt"):
+        make_generator("vllm", tokenizer, max_new_tokens=4, model=make_model(tokenizer), engine_dir=tmp_path / "engine")
+    assert (tmp_path / "engine" / "config.json").is_file() and (tmp_path / "engine" / "tokenizer.json").is_file()
