@@ -39,12 +39,6 @@ def _recent(history: list[tuple[str, str]], history_len: int) -> list[tuple[str,
     return list(history[-history_len:])
 
 
-def _argument(action: str) -> str:
-    """The text inside an action's brackets (`click[b0abc]` -> `b0abc`), or the whole action without them."""
-    open_, close = action.find("["), action.rfind("]")
-    return action[open_ + 1 : close] if 0 <= open_ < close else action
-
-
 def build_prompt(
     task: str,
     obs: str,
@@ -61,9 +55,10 @@ def build_prompt(
     are shown (oldest first). admissible: the actions valid now, in the environment's order.
     short=True: the compact form for the `tiny` model (no `<think>` instruction, past actions without their
     observations, numbered actions), e.g. `task: ...\\nprev: <action> | <action>\\nobs: ...\\nactions: 1 a | 2 b\\n`.
-    by_number (short form only): a pattern of the actions answered by their number; each admissible action it
-    fully matches is listed as its bare number k, and its argument (the text inside `[...]`, or the whole action)
-    is written `#k` wherever the observation shows it (case-insensitively).
+    by_number (short form only): a pattern of the actions answered by their number, whose group 1 is the text that
+    the observation shows for them (WebShop: the product code in `click[b0...]`); each admissible action it fully
+    matches is listed as its bare number k, and that text is written `#k` wherever the observation shows it
+    (case-insensitively).
     """
     recent = _recent(history, history_len)
     if short:
@@ -77,8 +72,9 @@ def build_prompt(
         # Numbered, so that the answer may be the number instead of the text (parse_action resolves it).
         listed = []
         for k, a in enumerate(admissible, 1):
-            if by_number is not None and by_number.fullmatch(a):
-                obs_text = re.sub(re.escape(_argument(a)), f"#{k}", obs_text, flags=re.IGNORECASE)
+            shown = by_number.fullmatch(a) if by_number is not None else None
+            if shown:
+                obs_text = re.sub(re.escape(shown.group(1)), f"#{k}", obs_text, flags=re.IGNORECASE)
                 listed.append(str(k))
             else:
                 listed.append(f"{k} {_one_line(a)}")

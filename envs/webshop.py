@@ -55,8 +55,9 @@ FUZZY_THRESHOLD = 85  # WebShop counts a fuzzy match when token_set_ratio > 85
 SEARCH_PLACEHOLDER = "search[<query>]"
 
 # Actions that the tiny model's expert answers with their number in the short prompt's numbered list (the
-# product codes): a model of a million parameters does not learn to copy a 10-character code.
-TINY_ANSWER_BY_NUMBER = re.compile(r"click\[b0[0-9a-z]{8}\]")
+# product codes): a model of a million parameters does not learn to copy a 10-character code. Group 1 is the code,
+# which the short prompt writes as the action's number where the page shows it.
+TINY_ANSWER_BY_NUMBER = re.compile(r"click\[(b0[0-9a-z]{8})\]")
 # One token each in the tiny model's tokenizer: the page separator, which byte-level BPE splits in three.
 TINY_TOKENS = (" [SEP]",)
 _NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "click[next >]")

@@ -90,7 +90,7 @@ def test_short_form_does_not_repeat_the_task_in_the_observation():
 
 
 def test_short_form_writes_actions_answered_by_number_as_their_number():
-    by_number = re.compile(r"click\[b0[0-9a-z]{8}\]")
+    by_number = re.compile(r"click\[(b0[0-9a-z]{8})\]")
     obs = "Back to Search [SEP] B0AAAA1111 [SEP] red mug [SEP] $9.99 [SEP] B0BBBB2222 [SEP] blue mug [SEP] $5.99"
     adm = ["click[back to search]", "click[b0aaaa1111]", "click[b0bbbb2222]"]
     p = build_prompt("i need a red mug", obs, [("page", "search[red mug]")], adm, short=True, by_number=by_number)
