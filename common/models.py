@@ -355,7 +355,7 @@ def build_tiny(
         # A fixed thread count (bc_threads), not the machine's: the same floating-point reduction order on every
         # machine, so the build is deterministic.
         threads = torch.get_num_threads()
-        torch.set_num_threads(cfg.get("bc_threads", 1))
+        torch.set_num_threads(cfg["bc_threads"])
         try:
             with torch.random.fork_rng(devices=[]):
                 report = _build_tiny_into(tmp, env_name, preset, seed, cfg, corpus)
@@ -420,6 +420,7 @@ def evaluate_success(
     from common.envs import LockstepEnvs
     from common.generation import HFGenerator
 
+    by_number = _env_module(env_name).TINY_ANSWER_BY_NUMBER
     envs = LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
     generator = HFGenerator(tokenizer, max_new_tokens=max_new_tokens)
     obs, infos = envs.reset(seeds)
@@ -436,7 +437,7 @@ def evaluate_success(
                 infos[i]["admissible_actions"],
                 history_len=history_len,
                 short=True,
-                by_number=_env_module(env_name).TINY_ANSWER_BY_NUMBER,
+                by_number=by_number,
                 max_prompt_tokens=max_prompt_tokens,
             )
             for i in live
