@@ -1,0 +1,99 @@
+"""A stand-in for the part of vLLM's offline API that common/generation.py's VLLMGenerator uses (tests only).
+
+tests/test_vllm_backend.py puts this folder first on a script's PYTHONPATH, so `import vllm` finds it. The engine is
+a transformers model loaded from the folder the script hands over; `load_weights` accepts only that model's
+parameter names; generation runs the project's HF generator; every start, push and generate is logged (JSON lines)
+to $VLLM_STAND_IN_LOG with a digest of the engine's weights.
+"""
+
+import hashlib
+import json
+import os
+from types import SimpleNamespace
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common.generation import HFGenerator
+
+
+def _log(**event):
+    with open(os.environ["VLLM_STAND_IN_LOG"], "a") as f:
+        f.write(json.dumps(event) + "\n")
+
+
+def digest(model) -> str:
+    """A short hash of the model's weights (names and values), also used by the test on its side."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode() + t.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class _Engine:
+    """What apply_model hands to its function: the model, with vLLM's load_weights((name, tensor) pairs)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def load_weights(self, weights):
+        params = dict(self.model.named_parameters())
+        seen = set()
+        with torch.no_grad():
+            for name, tensor in weights:
+                if name not in params:  # tied lm_head is not a separate parameter in some configs
+                    if name == "lm_head.weight" and self.model.config.tie_word_embeddings:
+                        continue
+                    raise KeyError(f"vLLM stand-in: no parameter named {name}")
+                params[name].copy_(tensor.to(params[name].dtype))
+                seen.add(name)
+        missing = set(params) - seen
+        if missing:
+            raise KeyError(f"vLLM stand-in: weights without {sorted(missing)[:3]}")
+
+
+class LLM:
+    def __init__(self, model, tokenizer, **kwargs):
+        self.model = AutoModelForCausalLM.from_pretrained(model).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.asleep = False
+        _log(event="start", folder=model, digest=digest(self.model), kwargs=sorted(kwargs))
+
+    def apply_model(self, fn):
+        assert not self.asleep, "weights pushed into a sleeping engine"
+        fn(_Engine(self.model))
+        _log(event="push", digest=digest(self.model))
+
+    def reset_prefix_cache(self):
+        pass
+
+    def sleep(self, level=1):
+        self.asleep = True
+
+    def wake_up(self):
+        self.asleep = False
+
+    def generate(self, prompts, params, use_tqdm=False):
+        assert not self.asleep, "generate on a sleeping engine"
+        gen = HFGenerator(self.tokenizer, max_new_tokens=params.max_tokens)
+        ids = [p["prompt_token_ids"] for p in prompts]
+        outs = gen.generate(
+            self.model, ids, temperature=params.temperature or 1.0, top_p=params.top_p, greedy=params.temperature == 0.0
+        )
+        _log(event="generate", prompts=len(ids), digest=digest(self.model))
+        return [
+            SimpleNamespace(
+                outputs=[
+                    SimpleNamespace(
+                        token_ids=o.token_ids,
+                        logprobs=[{t: SimpleNamespace(logprob=lp)} for t, lp in zip(o.token_ids, o.logprobs)],
+                    )
+                ]
+            )
+            for o in outs
+        ]
