@@ -5,7 +5,8 @@
 
 For each kind of expert turn (search query, product click, option click, buy now, paging) it prints how often
 the model's greedy answer, parsed as the scripts parse it, is exactly the expert's action, and on product turns
-how often the model picks the first listed product. Goals: the last `--goals` of the first 20,000 train goals,
+how often the model picks the first listed product, and the prompts' mean length in tokens (all turns, and the
+results pages, where the product turns are). Goals: the last `--goals` of the first 20,000 train goals,
 which the warm start (the first 1,024) never saw.
 """
 
@@ -50,6 +51,7 @@ def main() -> None:
     generator = HFGenerator(tok, max_new_tokens=cfg["max_new_tokens"])
     right: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     first = [0, 0]
+    lengths: dict[str, list[int]] = collections.defaultdict(list)
     for start in range(0, len(turns), 32):
         chunk = turns[start : start + 32]
         ids = [
@@ -66,9 +68,10 @@ def main() -> None:
             )
             for t, o, h, adm, _ in chunk
         ]
-        for (_, _, _, adm, expert), gen in zip(chunk, generator.generate(model, ids, greedy=True)):
+        for (_, _, _, adm, expert), prompt, gen in zip(chunk, ids, generator.generate(model, ids, greedy=True)):
             answer = parse_action(gen.text, adm)[0]
             k = kind(expert)
+            lengths[k].append(len(prompt))
             right[k][0] += answer == expert
             right[k][1] += 1
             if k == "product click":
@@ -78,6 +81,11 @@ def main() -> None:
     for k, (c, n) in sorted(right.items()):
         print(f"{k:22s} {c}/{n} exact")
     print(f"{'first product picked':22s} {first[0]}/{first[1]} product turns")
+    every = [n for ns in lengths.values() for n in ns]
+    pages = lengths["product click"]
+    print(
+        f"{'prompt tokens (mean)':22s} {sum(every) / len(every):.0f} all turns, {sum(pages) / len(pages):.0f} results pages"
+    )
 
 
 if __name__ == "__main__":

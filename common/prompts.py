@@ -12,7 +12,7 @@ the admissible actions. Two forms:
   million parameters does not learn to copy a 10-character WebShop product code: 3% exact on held-out turns).
   The actions that the env answers by number (`by_number`, WebShop's product clicks) are written as `#k` in the
   observation, where the page shows their code, and as the bare number in the list: the product and its number
-  stand side by side, and the prompt is ~40% shorter on a results page.
+  stand side by side, and a results page takes half the tokens.
 
 Both are deterministic: the same inputs give the same string.
 """
