@@ -18,7 +18,6 @@ import contextlib
 import copy
 import fcntl
 import hashlib
-import importlib
 import importlib.util
 import json
 import math
@@ -33,6 +32,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
+from common import envs as cenvs
 from common.prompts import build_prompt, encode_prompt, format_response, parse_action
 
 TINY = "tiny"
@@ -258,12 +258,6 @@ def build_critic(policy: PreTrainedModel, critic_model_name: str | None = None, 
 # tiny: tokenizer, model, warm start
 
 
-def _env_module(env_name: str):
-    if env_name not in ("webshop", "alfworld"):
-        raise ValueError(f"unknown env {env_name!r}: expected 'webshop' or 'alfworld'")
-    return importlib.import_module(f"envs.{env_name}")
-
-
 def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
@@ -339,7 +333,7 @@ def build_tiny(
     """
     cfg = dict(tiny_config(env_name) if config is None else config)
     cfg["warm_start"] = warm_start
-    env = _env_module(env_name)
+    env = cenvs.env_module(env_name)
     corpus = list(env.text_corpus(preset))
     key = _hash({"cfg": cfg, "env": env_name, "preset": preset, "seed": seed, "corpus": _hash(corpus)})
     final = default_cache_dir(cache_dir) / "tiny" / f"{env_name}-{preset}-seed{seed}-{key}"
@@ -376,7 +370,7 @@ def collect_expert_turns(
     hurried_share: the share of the episodes (drawn per seed, the same on every run) that the env's
     `hurried_action` plays instead of the expert; an env without one (None) is played by the expert alone.
     """
-    module = _env_module(env_name)
+    module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
     env = module.make_env(backend="embedded", preset=preset)
     turns = []
@@ -417,11 +411,10 @@ def evaluate_success(
     max_new_tokens: int = 48,
 ) -> float:
     """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each)."""
-    from common.envs import LockstepEnvs
     from common.generation import HFGenerator
 
-    by_number = _env_module(env_name).TINY_ANSWER_BY_NUMBER
-    envs = LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
+    by_number = cenvs.env_module(env_name).TINY_ANSWER_BY_NUMBER
+    envs = cenvs.LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
     generator = HFGenerator(tokenizer, max_new_tokens=max_new_tokens)
     obs, infos = envs.reset(seeds)
     histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
@@ -534,7 +527,7 @@ def behaviour_clone(
 
 def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int, cfg: dict, corpus: list[str]):
     start = time.time()
-    env = _env_module(env_name)
+    env = cenvs.env_module(env_name)
     train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
     turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"])
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
