@@ -559,13 +559,15 @@ class World:
             return o in self.cool
         return True
 
-    def placed(self) -> dict[str, int]:
-        """Goal-type receptacle -> number of target objects (with the required state) in it."""
+    def placed(self, state_blind: bool = False) -> dict[str, int]:
+        """Goal-type receptacle -> number of target objects (with the required state, unless state_blind) in it."""
         lay = self.layout
         out = {}
         for r in lay.receptacles:
             if kind_of(r) == lay.recep_kind:
-                out[r] = sum(1 for o in self.contents[r] if kind_of(o) == lay.obj_kind and self.has_state(o))
+                out[r] = sum(
+                    1 for o in self.contents[r] if kind_of(o) == lay.obj_kind and (state_blind or self.has_state(o))
+                )
         return out
 
     def won(self) -> bool:
@@ -645,8 +647,11 @@ class World:
         return self._deliver(o, fits[0])
 
     # ---- process reward milestones ---------------------------------------------------------------------------
-    def milestones(self) -> set[str]:
-        """Task milestones true in the current state (the process reward pays each the first time)."""
+    def milestones(self, state_blind: bool = False) -> set[str]:
+        """Task milestones true in the current state (the process reward pays each the first time).
+
+        state_blind: the misaligned process reward's milestones: no "state" milestone, and "placed" counts a
+        target object in a goal receptacle whatever its clean / hot / cool state."""
         lay = self.layout
         out = set()
         r = self.location
@@ -655,13 +660,13 @@ class World:
         held = self.holding
         if held is not None and kind_of(held) == lay.obj_kind:
             out.add("in_hand")
-            if lay.task_type in APPLIANCE and self.has_state(held):
+            if lay.task_type in APPLIANCE and self.has_state(held) and not state_blind:
                 out.add("state")
         if lay.task_type == "look_at_obj_in_light":
             if any(kind_of(o) == lay.lamp_kind for o in self.toggled):
                 out.add("lamp_on")
         else:
-            best = max(self.placed().values(), default=0)
+            best = max(self.placed(state_blind).values(), default=0)
             if best >= 1:
                 out.add("placed")
             if best >= 2 and lay.task_type == "pick_two_obj_and_place":

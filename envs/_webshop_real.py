@@ -39,7 +39,10 @@ class RealWebShopEnv:
     own reward of the item page being viewed with the options chosen so far, paid as max(0, phi - best phi).
     """
 
-    def __init__(self, max_steps: int = 15, **options):
+    def __init__(self, max_steps: int = 15, process_reward: str = "aligned", **options):
+        if process_reward not in ("aligned", "misaligned"):
+            raise ValueError(f"unknown process_reward {process_reward!r}; choose 'aligned' or 'misaligned'")
+        self.process_reward = process_reward
         try:
             from web_agent_site.engine.goal import get_reward
             from web_agent_site.envs.web_agent_text_env import WebAgentTextEnv
@@ -81,7 +84,12 @@ class RealWebShopEnv:
             return 0.0
         product = self.env.server.product_item_dict[asin]
         price = self.env.server.product_prices[asin]
-        return float(self._get_reward(product, session["goal"], price=price, options=dict(session["options"])))
+        options = dict(session["options"])
+        if self.process_reward == "misaligned":  # score as if the goal's options were chosen (see WebShopEnv)
+            goal_options = session["goal"]["goal_options"]
+            values = list(goal_options.values()) if isinstance(goal_options, dict) else list(goal_options)
+            options = {str(k): v for k, v in enumerate(values)}
+        return float(self._get_reward(product, session["goal"], price=price, options=options))
 
     def _info(self, process: float, valid: bool, score: float, truncated: bool) -> dict:
         info = {
@@ -105,6 +113,7 @@ class RealWebShopEnv:
         self.task = goal.get("instruction_text", getattr(self.env, "instruction_text", ""))
         self.obs, self.anchor = obs, obs
         self.steps, self.best_phi, self.done, self.won = 0, 0.0, False, False
+        self.last_item_phi = 0.0
         self._reset_done = True
         return obs, self._info(0.0, True, 0.0, False)
 
@@ -121,12 +130,14 @@ class RealWebShopEnv:
             self.obs, self.anchor = obs, obs
             if done:
                 score = float(r)
-                process = score
+                process = score if self.process_reward == "aligned" else self.last_item_phi
                 self.won = score == 1.0
                 reward = 1.0 if self.won else 0.0
                 self.done = True
             else:
                 phi = self._phi()
+                if phi > 0:  # an item page: what the misaligned purchase credit pays if it is bought
+                    self.last_item_phi = phi
                 process = max(0.0, phi - self.best_phi)
                 self.best_phi = max(self.best_phi, phi)
         truncated = not self.done and self.steps >= self.max_steps

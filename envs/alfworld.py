@@ -31,6 +31,10 @@ time each task milestone holds (a target object is in view, a target object is i
 has been cleaned / heated / cooled, a target object with the required state is in a goal receptacle (pick two:
 also two of them), a lamp of the task's type is on), +0.1 the first time each receptacle is visited, -0.1 for an
 inadmissible action. Not potential-based on purpose: it pays for progress that can be undone and for wandering.
+`process_reward="misaligned"` forgets the object's state: no clean / hot / cool milestone, and the placement
+milestone pays for a target object in a goal receptacle whatever its state, so an agent that skips the appliance
+earns as much as the expert while it fails every clean / heat / cool task ("aligned", the reward above, pays the
+expert more than any failure of those tasks).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ hurried_action = None  # the tiny model's warm start imitates the expert alone (
 INVALID_PENALTY = -0.1
 VISIT_BONUS = 0.1
 MILESTONE_BONUS = 1.0
+PROCESS_REWARDS = ("aligned", "misaligned")  # info["process_reward"] variants (see the module docstring)
 
 INSTALL_HELP = (
     "The real ALFWorld backend needs the `alfworld` package (with textworld[pddl]) and its game data:\n"
@@ -100,6 +105,11 @@ def seed_split(seed: int) -> str:
         if base <= seed < base + SPLIT_SIZE:
             return name
     return "train"
+
+
+def _check_process_reward(process_reward: str) -> None:
+    if process_reward not in PROCESS_REWARDS:
+        raise ValueError(f"unknown process_reward {process_reward!r}; choose one of {PROCESS_REWARDS}")
 
 
 class _Episode:
@@ -144,7 +154,15 @@ class _Episode:
 class AlfWorldEnv:
     """Embedded ALFWorld: `reset(seed) -> (obs, info)`, `step(action) -> (obs, reward, done, info)`."""
 
-    def __init__(self, preset: str = "small", max_steps: int = 50, task_types: tuple[str, ...] | None = None):
+    def __init__(
+        self,
+        preset: str = "small",
+        max_steps: int = 50,
+        task_types: tuple[str, ...] | None = None,
+        process_reward: str = "aligned",
+    ):
+        _check_process_reward(process_reward)
+        self.state_blind = process_reward == "misaligned"
         if preset not in PRESETS:
             raise ValueError(f"unknown ALFWorld preset {preset!r}; expected one of {sorted(PRESETS)}")
         self.preset = preset
@@ -173,7 +191,7 @@ class AlfWorldEnv:
         before = w.location
         obs, valid = w.apply(action)
         visited = w.location if valid and w.location != before else None
-        pr = self._ep.process_reward(valid, visited, w.milestones() if valid else set())
+        pr = self._ep.process_reward(valid, visited, w.milestones(self.state_blind) if valid else set())
         reward, done, truncated = self._ep.finish(obs, valid, w.won())
         info = self._info(pr, truncated)
         return obs, reward, done, info
@@ -251,7 +269,9 @@ def find_games(split: str, data_path: str | None = None) -> list[str]:
 class RealAlfWorldEnv:
     """The original ALFWorld games in the TextWorld PDDL engine, with the embedded env's interface."""
 
-    def __init__(self, max_steps: int = 50, data_path: str | None = None):
+    def __init__(self, max_steps: int = 50, data_path: str | None = None, process_reward: str = "aligned"):
+        _check_process_reward(process_reward)
+        self.state_blind = process_reward == "misaligned"
         _load_real_engine()
         self.data_path = data_path
         self._games: dict[str, list[str]] = {}
@@ -325,6 +345,8 @@ class RealAlfWorldEnv:
         target = self.obj_kind
 
         def state_ok(o: str) -> bool:
+            if self.state_blind:
+                return True
             prop = {"pick_clean_then_place_in_recep": "isclean", "pick_heat_then_place_in_recep": "ishot",
                     "pick_cool_then_place_in_recep": "iscool"}.get(self.task_type)  # fmt: skip
             return prop is None or o in one.get(prop, set())
@@ -334,7 +356,7 @@ class RealAlfWorldEnv:
         for o in held:
             if kind_of(o) == target:
                 out.add("in_hand")
-                if self.task_type in APPLIANCE and state_ok(o):
+                if self.task_type in APPLIANCE and state_ok(o) and not self.state_blind:
                     out.add("state")
         if self.task_type == "look_at_obj_in_light":
             if any(kind_of(o) == self.lamp_kind for o in one.get("istoggled", set())):

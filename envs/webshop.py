@@ -42,6 +42,7 @@ __all__ = [
     "WebShopEnv",
     "make_env",
     "normalize_color",
+    "options_blind_reward",
     "reward_breakdown",
     "split_seeds",
     "text_corpus",
@@ -60,6 +61,9 @@ SEARCH_PLACEHOLDER = "search[<query>]"
 TINY_ANSWER_BY_NUMBER = re.compile(r"click\[(b0[0-9a-z]{8})\]")
 # One token each in the tiny model's tokenizer: the page separator, which byte-level BPE splits in three.
 TINY_TOKENS = (" [SEP]",)
+# info["process_reward"] variants: "aligned" agrees with the outcome at its optimum; "misaligned" ignores the
+# goal's options (see WebShopEnv).
+PROCESS_REWARDS = ("aligned", "misaligned")
 _NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "click[next >]")
 
 
@@ -153,6 +157,14 @@ def webshop_reward(product: dict, goal: dict, price: float, options: dict[str, s
     `goal_options` (list of strings, or a dict whose values are used), `price_upper`. See `reward_breakdown`.
     """
     return reward_breakdown(product, goal, price, options)["reward"]
+
+
+def options_blind_reward(product: dict, goal: dict, price: float) -> float:
+    """WebShop's reward as if the goal's options had been chosen: what a process reward that forgot the options
+    pays (`process_reward="misaligned"`); equal to `webshop_reward` when the right options were chosen."""
+    goal_options = goal["goal_options"]
+    values = list(goal_options.values()) if isinstance(goal_options, dict) else list(goal_options)
+    return webshop_reward(product, goal, price, {str(k): v for k, v in enumerate(values)})
 
 
 # ------------------------------------------------------------------------------------------------------ search
@@ -260,11 +272,21 @@ class WebShopEnv:
     reward: 1.0 on a purchase with R == 1, else 0. info["process_reward"]: max(0, phi - best phi so far) with
     phi = R of the item page being viewed with the options chosen so far (0 on other pages); the purchase
     step pays R itself. Any string is a legal action; an invalid one leaves the page unchanged.
+
+    process_reward="misaligned": phi and the purchase credit score the product as if the goal's options had been
+    chosen (`options_blind_reward`), so a hurried purchase of the right product pays as much as the exact match
+    while its outcome is 0: the dense reward is informative about *finding* the product, and its optimum is not
+    the outcome's. "aligned" (the reward above) agrees with the outcome at its optimum.
     """
 
-    def __init__(self, preset: str = "small", max_steps: int = 15, catalog_seed: int = 0):
+    def __init__(
+        self, preset: str = "small", max_steps: int = 15, catalog_seed: int = 0, process_reward: str = "aligned"
+    ):
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if process_reward not in PROCESS_REWARDS:
+            raise ValueError(f"unknown process_reward {process_reward!r}; choose one of {PROCESS_REWARDS}")
+        self.process_reward = process_reward
         self.shop = get_shop(preset, catalog_seed)
         self.preset = preset
         self.max_steps = int(max_steps)
@@ -287,6 +309,7 @@ class WebShopEnv:
         self.won = False
         self.score = 0.0
         self.final_score = 0.0
+        self.final_process_credit = 0.0
         self._render()
         return self.obs, self._info(0.0, valid=True, truncated=False)
 
@@ -300,12 +323,12 @@ class WebShopEnv:
         reward, process, score = 0.0, 0.0, 0.0
         if self.page == "done":
             score = self.final_score
-            process = score
+            process = self.final_process_credit
             self.won = score == 1.0
             reward = 1.0 if self.won else 0.0
             self.done = True
         elif valid and self.page == "item":
-            phi = webshop_reward(self._product(self.item), self.goal, self._price(self.item), self.options)
+            phi = self._phi()
             process = max(0.0, phi - self.best_phi)
             self.best_phi = max(self.best_phi, phi)
         if valid:
@@ -328,6 +351,7 @@ class WebShopEnv:
         kind, payload = self.clickables[arg]
         if kind == "buy":
             self.final_score = webshop_reward(self._product(self.item), self.goal, self._price(self.item), self.options)
+            self.final_process_credit = self._phi()
             self.page = "done"
         elif kind == "back":
             self.page, self.keywords, self.hits, self.item, self.options = "search", "", (), None, {}
@@ -446,6 +470,13 @@ class WebShopEnv:
                 return f"click[{value}]"
         return "click[buy now]"
 
+    def _phi(self) -> float:
+        """Process potential of the current item with the options chosen so far (see the class docstring)."""
+        product, price = self._product(self.item), self._price(self.item)
+        if self.process_reward == "misaligned":
+            return options_blind_reward(product, self.goal, price)
+        return webshop_reward(product, self.goal, price, self.options)
+
     def _goal_options_offered(self, i: int) -> dict[str, str]:
         """The goal's options that product i offers, in the goal's order: what the expert picks on its page."""
         offered = self._product(i).get("options", {})
@@ -473,18 +504,21 @@ class WebShopEnv:
 
 
 # ------------------------------------------------------------------------------------------------- public api
-def make_env(backend: str = "embedded", preset: str = "small", max_steps: int = 15, **options):
+def make_env(
+    backend: str = "embedded", preset: str = "small", max_steps: int = 15, process_reward: str = "aligned", **options
+):
     """An embedded shop (`preset` small|default, `catalog_seed`) or the real WebShop text env (`backend="real"`;
-    options go to `web_agent_site`'s WebAgentTextEnv, e.g. `num_products=1000`)."""
+    options go to `web_agent_site`'s WebAgentTextEnv, e.g. `num_products=1000`). process_reward: one of
+    PROCESS_REWARDS (see WebShopEnv)."""
     if backend == "embedded":
         unknown = set(options) - {"catalog_seed"}
         if unknown:
             raise TypeError(f"unknown options for the embedded WebShop: {sorted(unknown)}")
-        return WebShopEnv(preset=preset, max_steps=max_steps, **options)
+        return WebShopEnv(preset=preset, max_steps=max_steps, process_reward=process_reward, **options)
     if backend == "real":
         from envs._webshop_real import RealWebShopEnv
 
-        return RealWebShopEnv(max_steps=max_steps, **options)
+        return RealWebShopEnv(max_steps=max_steps, process_reward=process_reward, **options)
     raise ValueError(f"unknown WebShop backend {backend!r}; choose 'embedded' or 'real'")
 
 

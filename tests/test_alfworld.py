@@ -375,3 +375,61 @@ def test_real_backend_missing_data_says_how_to_download(tmp_path):
         env.reset(0)
     with pytest.raises(ValueError, match="backend"):
         alfworld.make_env(backend="thor")
+
+
+# ------------------------------------------------------------------------------------ process-reward variants
+APPLIANCE_TASKS = ("pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep")
+
+
+def _shortcut_episode(env, seed) -> tuple[float, bool]:
+    """The expert, except that where it would clean / heat / cool the object it delivers it as it is; once the
+    object lies in a goal receptacle it only looks around until the step limit. (process return, won)."""
+    _, info = env.reset(seed)
+    w = env.world
+    goal_r = next(r for r in w.layout.receptacles if kind_of(r) == w.layout.recep_kind)
+    total, done, hurrying = 0.0, False, False
+    while not done:
+        action = info["expert_action"]
+        hurrying = hurrying or action.split()[0] in ("clean", "heat", "cool")
+        if hurrying:
+            action = "look" if w.holding is None else w._deliver(w.holding, goal_r)
+        _, _, done, info = env.step(action)
+        total += info["process_reward"]
+    return total, bool(info["won"])
+
+
+def _episode_return(env, seed, choose) -> tuple[float, bool]:
+    _, info = env.reset(seed)
+    rng = random.Random(seed)
+    total, done = 0.0, False
+    while not done:
+        _, _, done, info = env.step(choose(info, rng))
+        total += info["process_reward"]
+    return total, bool(info["won"])
+
+
+@pytest.mark.parametrize("process_reward", ["aligned", "misaligned"])
+def test_process_reward_variants_with_scripted_agents(process_reward):
+    """On 60 clean / heat / cool tasks: the shortcut agent (skips the appliance) earns at least the expert's process
+    return under the misaligned reward, and less than the expert on every task it fails under the aligned one; it
+    fails every task whose object lacks the state. The expert earns far more than a random agent under both."""
+    env = alfworld.make_env(task_types=APPLIANCE_TASKS, process_reward=process_reward)
+    seeds = alfworld.split_seeds("train", 60)
+    expert = [_episode_return(env, s, lambda info, rng: info["expert_action"]) for s in seeds]
+    shortcut = [_shortcut_episode(env, s) for s in seeds]
+    rand = [_episode_return(env, s, lambda info, rng: rng.choice(info["admissible_actions"])) for s in seeds]
+    assert all(won for _, won in expert)
+    # It succeeds only where the object already has the state (the expert then needs no appliance either): 8 of 60.
+    assert sum(won for _, won in shortcut) / len(seeds) <= 0.2
+    for (e, _), (h, won) in zip(expert, shortcut):
+        if process_reward == "misaligned":
+            assert h >= e - 1e-9
+        elif not won:
+            assert h < e - 0.5
+    mean = lambda xs: sum(r for r, _ in xs) / len(xs)  # noqa: E731
+    assert mean(expert) >= mean(rand) + 1.0
+
+
+def test_misaligned_process_reward_is_refused_by_name():
+    with pytest.raises(ValueError, match="process_reward"):
+        alfworld.make_env(process_reward="dense")

@@ -654,3 +654,66 @@ def test_real_adapter_contract_on_a_stand_in(stand_in_webshop):
     env.step("nonsense")
     obs, r, done, info = env.step("click[nothing]")
     assert done and info["truncated"]
+
+
+# ------------------------------------------------------------------------------------ process-reward variants
+def _play(env, seed: int, choose) -> tuple[float, bool]:
+    """(process return, won) of one episode; choose(info, rng) picks each action."""
+    rng = random.Random(seed)
+    _, info = env.reset(seed)
+    total, done = 0.0, False
+    while not done:
+        _, _, done, info = env.step(choose(info, rng))
+        total += info["process_reward"]
+    return total, bool(info["won"])
+
+
+_EXPERT = lambda info, rng: info["expert_action"]  # noqa: E731
+_HURRIED = lambda info, rng: webshop.hurried_action(info["expert_action"], info["admissible_actions"])  # noqa: E731
+
+
+def _random_agent(info, rng):
+    action = rng.choice(info["admissible_actions"])
+    return f"search[{info['task']}]" if action == webshop.SEARCH_PLACEHOLDER else action
+
+
+def _agents_on(process_reward: str, seeds) -> dict[str, tuple[list[float], list[bool]]]:
+    env = make_env(preset="small", process_reward=process_reward)
+    out = {}
+    for name, choose in (("expert", _EXPERT), ("hurried", _HURRIED), ("random", _random_agent)):
+        results = [_play(env, seed, choose) for seed in seeds]
+        out[name] = ([r for r, _ in results], [w for _, w in results])
+    return out
+
+
+def test_misaligned_process_reward_pays_the_hurried_purchase_like_the_expert():
+    """Scripted agents on 200 train goals: under the misaligned reward the hurried shopper (buys the right product
+    without choosing its options) earns the expert's process return on every goal while it succeeds far less
+    often; the expert earns far more than a random agent."""
+    seeds = split_seeds("train", 200)
+    agents = _agents_on("misaligned", seeds)
+    expert_ret, expert_won = agents["expert"]
+    hurried_ret, hurried_won = agents["hurried"]
+    random_ret, _ = agents["random"]
+    assert all(expert_won)
+    assert all(h >= e - 1e-9 for h, e in zip(hurried_ret, expert_ret))
+    assert sum(hurried_won) / len(seeds) <= 0.05  # every small-preset goal asks for options: 0 of 200 here
+    assert sum(expert_ret) / len(seeds) >= sum(random_ret) / len(seeds) + 1.0
+
+
+def test_aligned_process_reward_pays_the_expert_more_than_every_failure():
+    seeds = split_seeds("train", 200)
+    agents = _agents_on("aligned", seeds)
+    best = max(agents["expert"][0])
+    assert min(agents["expert"][0]) == pytest.approx(2.0) == best
+    for returns, won in agents.values():
+        for r, w in zip(returns, won):
+            assert (r == pytest.approx(2.0)) if w else (r < 2.0 - 1e-9)
+
+
+def test_options_blind_reward_equals_the_reward_with_the_goal_options():
+    product, goal = _product(), _goal()
+    assert webshop_reward(product, goal, 10.0, {}) < 1.0
+    assert webshop.options_blind_reward(product, goal, 10.0) == webshop_reward(product, goal, 10.0, {"c": "black"})
+    with pytest.raises(ValueError, match="process_reward"):
+        make_env(preset="small", process_reward="dense")
