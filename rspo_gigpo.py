@@ -3,9 +3,10 @@
 GiGPO adds step-level credit to GRPO: inside a task group, turns that start from the same environment state
 (the anchor state) form a step group across trajectories and time steps, and their discounted step returns are
 compared with each other. The advantage of a turn is A = A^E + w * A^S (episode advantage plus step advantage).
-RSPO (reward swap) trains an explorer copy of the policy on dense process rewards, lets it play the same tasks,
-swaps its trajectories' rewards back to the outcome and adds them to their task's groups (episode groups and
-anchor-state groups) in the policy's outcome-reward update. `--reward-mode outcome|process` runs the baselines.
+RSPO (reward swap) lets an explorer ("agent B", a copy of the policy re-synced every K iterations) play the same
+tasks and learn the dense process reward with GiGPO on its own rollouts, swaps its trajectories' rewards back to
+the outcome and adds them to their task's groups (episode groups and anchor-state groups) in the policy's
+outcome-reward update. `--reward-mode outcome|process` runs the baselines.
 """
 
 import copy
@@ -57,6 +58,9 @@ class Args:
     max_steps: int | None = None
     """environment steps per episode (None: WebShop 15; ALFWorld 50, or 15 for the embedded small preset, whose
     expert needs at most 10)"""
+    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` forgets part of the
+    task (WebShop: the goal's options; ALFWorld: the object's clean/hot/cool state), see envs/"""
     history_len: int = 2
     """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: int | None = None
@@ -123,8 +127,12 @@ class Args:
     """`swap`: RSPO; `outcome`: GiGPO on the outcome reward; `process`: GiGPO on the process reward"""
     explorer_rollouts_per_task: int = 4
     """G_off: explorer rollouts per task (swap mode)"""
-    explorer_sync_every: int = 1
-    """copy the policy's weights into the explorer every this many iterations (1: every iteration)"""
+    explorer: Literal["agent_b", "one_step"] = "agent_b"
+    """`agent_b`: a persistent explorer trained with GiGPO on the process reward on its own rollouts; `one_step`:
+    re-copied from the policy every iteration and given one GiGPO step on the policy's batch before it plays
+    (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    explorer_sync_every: int = 10
+    """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
     explorer_learning_rate: float | None = None
     """explorer learning rate (None: --learning-rate)"""
     explorer_update_epochs: int | None = None
@@ -685,7 +693,7 @@ class Row:
     prompt_len: int
     behaviour_logprobs: list[float]
     advantage: float
-    swapped: bool  # a buffered explorer turn: no KL / entropy term on it
+    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy term on it
     off_policy: bool  # sampled by another model than the one being trained: gets importance weights
     iteration: int  # the iteration that sampled it
     turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
@@ -706,7 +714,7 @@ def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offse
                         prompt_len=len(turn.prompt_ids),
                         behaviour_logprobs=turn.behaviour_logprobs,
                         advantage=0.0,
-                        swapped=traj.sampler == "explorer",
+                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
                         off_policy=off,
                         iteration=traj.iteration,
                         turn_index=k,
@@ -865,6 +873,7 @@ def update(
         "clip_frac": sums["clip"] / n,
         "approx_kl": sums["approx_kl"] / n,
         "trained_tokens": trained_tokens,
+        "update_rows": len(rows),
     }
     if ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
@@ -889,6 +898,29 @@ def evaluate(
     if env_name == "webshop":
         metrics["eval/score"], metrics["eval/score_ci95"] = run.mean_ci95(scores)
     return metrics
+
+
+def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer) -> dict[str, float]:
+    """How far agent B is from the policy, on all response tokens and on the action tokens alone (the tokens inside
+    <action>...</action>; the tags and EOS are near-deterministic and would hide the difference): the importance
+    weights of every swapped row, and KL(explorer || policy) (k3, pi_policy / pi_explorer) on this iteration's."""
+    if not swapped_rows:
+        return {}
+    action = torch.tensor(
+        [m for r in swapped_rows for m in prompts.action_token_mask(tokenizer, r.input_ids[r.prompt_len :])]
+    )
+    w = torch.cat([r.is_weights for r in swapped_rows])
+    out = {f"is_weight/{k}": v for k, v in importance_weight_stats(w, torch.ones_like(action)).items()}
+    out.update({f"is_weight/{k}_action": v for k, v in importance_weight_stats(w, action).items()})
+    fresh = torch.tensor([r.iteration == iteration for r in swapped_rows for _ in r.is_weights])
+    if fresh.any():
+        lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in swapped_rows])
+        lp_policy = torch.cat([r.old_logprobs for r in swapped_rows])
+        kl = kl_k3(lp_explorer, lp_policy)
+        out["explorer/kl_to_policy"] = kl[fresh].mean().item()
+        if (fresh & action).any():
+            out["explorer/kl_to_policy_action"] = kl[fresh & action].mean().item()
+    return out
 
 
 def pearson(x: list[float], y: list[float]) -> float | None:
@@ -929,8 +961,8 @@ if __name__ == "__main__":
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
     if args.train_pool_size < args.tasks_per_iteration:
         raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
-    if args.explorer_sync_every < 1:
-        raise SystemExit("--explorer-sync-every must be >= 1")
+    if args.explorer_sync_every < 0:
+        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     if args.similarity_thresh is not None and not 0.0 < args.similarity_thresh <= 1.0:
         raise SystemExit("--similarity-thresh must be in (0, 1]")
     run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -973,7 +1005,9 @@ if __name__ == "__main__":
         history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
         outcome_scale=args.outcome_scale, autocast=autocast,
     )  # fmt: skip
-    env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)
+    env_kw = dict(
+        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
+    )
     env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
     def make_envs(n: int) -> cenvs.LockstepEnvs:
@@ -1062,30 +1096,25 @@ if __name__ == "__main__":
             prepare_rows(policy, ref_model, rows, **prepare_kw)
             update_s += time.perf_counter() - t0
 
-            # THE SWAP (RSPO): explorer step on the process reward, explorer rollouts, swap to outcome, buffer
+            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts; its
+            # trajectories, rewards swapped to the outcome, enter the buffer and join their task's groups
             train_trajs = batch
             if swap:
                 t0 = time.perf_counter()
-                synced = (iteration - 1) % args.explorer_sync_every == 0
-                if synced:
-                    explorer.load_state_dict(policy.state_dict())
                 for group in explorer_optimizer.param_groups:
                     group["lr"] = explorer_lr * warmup
-                # The explorer's GiGPO: process returns for A^E, per-turn process rewards for the step returns.
-                _, turn_adv, _ = gigpo_turn_advantages(batch, "process", **adv_kw)
-                explorer_rows = [dataclasses.replace(r) for r in rows]
-                set_advantages(explorer_rows, turn_adv)
-                if not synced:  # the policy's batch is off-policy for the explorer: its own old log-probs, IS weights
-                    for r in explorer_rows:
-                        r.off_policy = True
-                    prepare_rows(explorer, None, explorer_rows, **prepare_kw)
-                estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
+                    explorer.load_state_dict(policy.state_dict())
+                    _, turn_adv, _ = gigpo_turn_advantages(batch, "process", **adv_kw)
+                    explorer_rows = [dataclasses.replace(r) for r in rows]  # the copy's old log-probs are the policy's
+                    set_advantages(explorer_rows, turn_adv)
+                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
                 update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
 
                 t0 = time.perf_counter()
-                extra, xstats = rollout(
+                explorer_trajectories, xstats = rollout(
                     explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
                     args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
                     temperature=args.temperature, greedy=False, **rollout_kw,
@@ -1093,9 +1122,21 @@ if __name__ == "__main__":
                 env_steps += xstats["env_steps"]
                 gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
                 rollout_s += time.perf_counter() - t0
-                metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
-                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
-                buffer.add(swap_rewards(extra), iteration)
+                metrics["explorer/env_steps"] = xstats["env_steps"]
+
+                if args.explorer == "agent_b":  # GiGPO on the process reward, on-policy for agent B: its own groups
+                    t0 = time.perf_counter()
+                    explorer_rows = make_rows(explorer_trajectories, off_policy=[False] * len(explorer_trajectories))
+                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                    _, turn_adv, _ = gigpo_turn_advantages(explorer_trajectories, "process", **adv_kw)
+                    set_advantages(explorer_rows, turn_adv)
+                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                    update_s += time.perf_counter() - t0
+                trained_tokens += estats["trained_tokens"]
+                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                buffer.add(swap_rewards(explorer_trajectories), iteration)
                 buffered = buffer.sample(task_seeds, iteration)
                 train_trajs = batch + buffered
                 metrics["buffer/size"] = len(buffer)
@@ -1107,15 +1148,7 @@ if __name__ == "__main__":
                 prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
                 rows += swapped_rows
                 update_s += time.perf_counter() - t0
-                if swapped_rows:
-                    w = torch.cat([r.is_weights for r in swapped_rows])
-                    iw = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
-                    metrics.update({f"is_weight/{k}": v for k, v in iw.items()})
-                fresh = [r for r in swapped_rows if r.iteration == iteration]
-                if fresh:  # KL(explorer || policy) on this iteration's explorer tokens: k3 with pi_policy / pi_explorer
-                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
-                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
-                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
+                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
 
             # ADVANTAGES: GiGPO over each task's episode group and anchor-state groups (swapped members included)
             t0 = time.perf_counter()

@@ -1,11 +1,12 @@
 """RSPO with multi-turn GRPO on WebShop. Docs: docs/rspo_grpo_webshop.md
 
 One iteration: B shopping tasks are each played by a group of G policy rollouts (lockstep, batched generation).
-In the default `--reward-mode swap` (RSPO), an explorer (a copy of the policy) takes one GRPO step on that batch
-with the dense *process* reward, plays the same tasks, and its trajectories have their rewards swapped back to
-the sparse *outcome* reward before they enter a replay buffer; buffered trajectories of this iteration's tasks
-join their task's GRPO group, and the policy takes its GRPO step on the outcome reward only, with truncated
-importance weights on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two
+In the default `--reward-mode swap` (RSPO), an explorer ("agent B", a second model that starts as a copy of the
+policy and is re-synced from it every K iterations) plays the same tasks and takes its own GRPO step on its own
+rollouts with the dense *process* reward; its trajectories have their rewards swapped back to the sparse
+*outcome* reward before they enter a replay buffer; buffered trajectories of this iteration's tasks join their
+task's GRPO group, and the policy takes its GRPO step on the outcome reward only, with truncated importance
+weights on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two
 baselines (GRPO on the sparse reward, GRPO on the dense reward).
 """
 
@@ -54,6 +55,9 @@ class Args:
     """embedded catalogue size: `small` for the tiny model on a CPU, `default` close to the original's"""
     max_steps: int = 15
     """environment steps per episode (WebShop's limit is 15)"""
+    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` ignores the goal's
+    options, so a hurried purchase of the right product pays as much as the exact match (envs/webshop.py)"""
     history_len: int = 2
     """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: Optional[int] = None
@@ -113,8 +117,12 @@ class Args:
     """`swap`: RSPO; `outcome`: GRPO on the outcome reward; `process`: GRPO on the process reward"""
     explorer_rollouts_per_task: int = 4
     """G_off: explorer rollouts per task (swap mode)"""
-    explorer_sync_every: int = 1
-    """copy the policy's weights into the explorer every this many iterations (1: every iteration)"""
+    explorer: Literal["agent_b", "one_step"] = "agent_b"
+    """`agent_b`: a persistent explorer trained with GRPO on the process reward on its own rollouts; `one_step`:
+    re-copied from the policy every iteration and given one GRPO step on the policy's batch before it plays
+    (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    explorer_sync_every: int = 10
+    """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
     explorer_learning_rate: Optional[float] = None
     """explorer learning rate (None: --learning-rate)"""
     explorer_update_epochs: Optional[int] = None
@@ -481,7 +489,7 @@ class Row:
     prompt_len: int
     behaviour_logprobs: list[float]
     advantage: float
-    swapped: bool  # a buffered explorer turn: no KL / entropy term on it
+    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy term on it
     off_policy: bool  # sampled by another model than the one being trained: gets importance weights
     iteration: int  # the iteration that sampled it
     turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
@@ -502,7 +510,7 @@ def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offse
                         prompt_len=len(turn.prompt_ids),
                         behaviour_logprobs=turn.behaviour_logprobs,
                         advantage=0.0,
-                        swapped=traj.sampler == "explorer",
+                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
                         off_policy=off,
                         iteration=traj.iteration,
                         turn_index=k,
@@ -657,6 +665,7 @@ def update(
         "clip_frac": sums["clip"] / n,
         "approx_kl": sums["approx_kl"] / n,
         "trained_tokens": trained_tokens,
+        "update_rows": len(rows),
     }
     if ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
@@ -700,6 +709,29 @@ def evaluate(model, generator, tokenizer, make_envs, seeds, *, batch_size, tempe
     }
 
 
+def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer) -> dict[str, float]:
+    """How far agent B is from the policy, on all response tokens and on the action tokens alone (the tokens inside
+    <action>...</action>; the tags and EOS are near-deterministic and would hide the difference): the importance
+    weights of every swapped row, and KL(explorer || policy) (k3, pi_policy / pi_explorer) on this iteration's."""
+    if not swapped_rows:
+        return {}
+    action = torch.tensor(
+        [m for r in swapped_rows for m in prompts.action_token_mask(tokenizer, r.input_ids[r.prompt_len :])]
+    )
+    w = torch.cat([r.is_weights for r in swapped_rows])
+    out = {f"is_weight/{k}": v for k, v in importance_weight_stats(w, torch.ones_like(action)).items()}
+    out.update({f"is_weight/{k}_action": v for k, v in importance_weight_stats(w, action).items()})
+    fresh = torch.tensor([r.iteration == iteration for r in swapped_rows for _ in r.is_weights])
+    if fresh.any():
+        lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in swapped_rows])
+        lp_policy = torch.cat([r.old_logprobs for r in swapped_rows])
+        kl = kl_k3(lp_explorer, lp_policy)
+        out["explorer/kl_to_policy"] = kl[fresh].mean().item()
+        if (fresh & action).any():
+            out["explorer/kl_to_policy_action"] = kl[fresh & action].mean().item()
+    return out
+
+
 def pearson(x: list[float], y: list[float]) -> Optional[float]:
     """Correlation of two lists; None when either is constant (undefined)."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -717,8 +749,8 @@ if __name__ == "__main__":
         raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
     if not 0 < args.num_eval_tasks <= 500:
         raise SystemExit("--num-eval-tasks must be in 1..500 (WebShop's test goals 0-499)")
-    if args.explorer_sync_every < 1:
-        raise SystemExit("--explorer-sync-every must be >= 1")
+    if args.explorer_sync_every < 0:
+        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"webshop__{args.exp_name}__{args.seed}__{int(time.time())}"
     logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     run.seed_everything(args.seed, args.torch_deterministic)
@@ -759,7 +791,9 @@ if __name__ == "__main__":
         history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
         outcome_scale=args.outcome_scale, autocast=autocast,
     )  # fmt: skip
-    env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)
+    env_kw = dict(
+        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
+    )
     env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
     def make_envs(n: int) -> cenvs.LockstepEnvs:
@@ -847,29 +881,25 @@ if __name__ == "__main__":
             prepare_rows(policy, ref_model, rows, **prepare_kw)
             update_s += time.perf_counter() - t0
 
-            # THE SWAP (RSPO): explorer step on the process reward, explorer rollouts, swap to outcome, buffer
+            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts; its
+            # trajectories, rewards swapped to the outcome, enter the buffer and join their task's group
             train_trajs = batch
             if swap:
                 t0 = time.perf_counter()
-                synced = (iteration - 1) % args.explorer_sync_every == 0
-                if synced:
-                    explorer.load_state_dict(policy.state_dict())
                 for group in explorer_optimizer.param_groups:
                     group["lr"] = explorer_lr * warmup
-                _, turn_adv = grpo_turn_advantages(batch, "process", args.norm_adv_by_std, args.invalid_penalty)
-                explorer_rows = [dataclasses.replace(r) for r in rows]
-                set_advantages(explorer_rows, turn_adv)
-                if not synced:  # the policy's batch is off-policy for the explorer: its own old log-probs, IS weights
-                    for r in explorer_rows:
-                        r.off_policy = True
-                    prepare_rows(explorer, None, explorer_rows, **prepare_kw)
-                estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
+                    explorer.load_state_dict(policy.state_dict())
+                    _, turn_adv = grpo_turn_advantages(batch, "process", args.norm_adv_by_std, args.invalid_penalty)
+                    explorer_rows = [dataclasses.replace(r) for r in rows]  # the copy's old log-probs are the policy's
+                    set_advantages(explorer_rows, turn_adv)
+                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
                 update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
 
                 t0 = time.perf_counter()
-                extra, xstats = rollout(
+                explorer_trajectories, xstats = rollout(
                     explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
                     args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
                     temperature=args.temperature, greedy=False, **rollout_kw,
@@ -877,9 +907,23 @@ if __name__ == "__main__":
                 env_steps += xstats["env_steps"]
                 gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
                 rollout_s += time.perf_counter() - t0
-                metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
-                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
-                buffer.add(swap_rewards(extra), iteration)
+                metrics["explorer/env_steps"] = xstats["env_steps"]
+
+                if args.explorer == "agent_b":  # GRPO on the process reward, on-policy for agent B: its own groups
+                    t0 = time.perf_counter()
+                    explorer_rows = make_rows(explorer_trajectories, off_policy=[False] * len(explorer_trajectories))
+                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                    _, turn_adv = grpo_turn_advantages(
+                        explorer_trajectories, "process", args.norm_adv_by_std, args.invalid_penalty
+                    )
+                    set_advantages(explorer_rows, turn_adv)
+                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
+                    update_s += time.perf_counter() - t0
+                trained_tokens += estats["trained_tokens"]
+                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                buffer.add(swap_rewards(explorer_trajectories), iteration)
                 buffered = buffer.sample(task_seeds, iteration)
                 train_trajs = batch + buffered
                 metrics["buffer/size"] = len(buffer)
@@ -891,15 +935,7 @@ if __name__ == "__main__":
                 prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
                 rows += swapped_rows
                 update_s += time.perf_counter() - t0
-                if swapped_rows:
-                    w = torch.cat([r.is_weights for r in swapped_rows])
-                    w_stats = importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool))
-                    metrics.update({f"is_weight/{k}": v for k, v in w_stats.items()})
-                fresh = [r for r in swapped_rows if r.iteration == iteration]
-                if fresh:  # KL(explorer || policy) on this iteration's explorer tokens: k3 with pi_policy / pi_explorer
-                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
-                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
-                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
+                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
 
             # ADVANTAGES: GRPO over each task's group (swapped trajectories are members), broadcast to turns
             t0 = time.perf_counter()

@@ -3,10 +3,10 @@
 One iteration: B household tasks are each played by G policy rollouts (lockstep, batched generation; G = 1 is
 fine, PPO needs no groups). A critic (a scalar value head on a copy of the LM, or on a separate model) reads the
 value at the last prompt token of every turn; GAE over the turns turns per-turn rewards into advantages, which
-every response token of the turn carries. In the default `--reward-mode swap` (RSPO), an explorer (a copy of
-the policy with its own value head) takes one PPO step on that batch with the dense *process* reward, plays the
-same tasks, and its trajectories have their rewards swapped back to the sparse *outcome* reward before they enter
-a replay buffer; buffered trajectories of this iteration's tasks join the batch (their advantages use the
+every response token of the turn carries. In the default `--reward-mode swap` (RSPO), an explorer ("agent B", a
+copy of the policy re-synced every K iterations, with its own value head) plays the same tasks and takes its own
+PPO step on its own rollouts with the dense *process* reward, and its trajectories have their rewards swapped
+back to the sparse *outcome* reward before they enter a replay buffer; buffered trajectories of this iteration's tasks join the batch (their advantages use the
 policy's critic), and the policy takes its PPO step on the outcome reward only, with truncated importance weights
 on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two baselines.
 """
@@ -57,6 +57,9 @@ class Args:
     max_steps: int = 15
     """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
     --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 15"""
+    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    """the env's dense reward: `aligned` pays the expert more than any failure of a clean/heat/cool task;
+    `misaligned` forgets the object's state, so placing it unheated pays as much (envs/alfworld.py)"""
     history_len: int = 2
     """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: int = 1024
@@ -128,8 +131,13 @@ class Args:
     """`swap`: RSPO; `outcome`: PPO on the outcome reward; `process`: PPO on the process reward"""
     explorer_rollouts_per_task: int = 2
     """G_off: explorer rollouts per task (swap mode)"""
-    explorer_sync_every: int = 1
-    """copy the policy's weights into the explorer every this many iterations (1: every iteration)"""
+    explorer: Literal["agent_b", "one_step"] = "agent_b"
+    """`agent_b`: a persistent explorer trained with PPO (its own value head) on the process reward on its own
+    rollouts; `one_step`: re-copied from the policy every iteration and given one PPO step on the policy's batch
+    before it plays (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    explorer_sync_every: int = 10
+    """agent_b: copy the policy's weights into the explorer every this many iterations (0: never; its value head
+    is never copied)"""
     explorer_learning_rate: Optional[float] = None
     """explorer learning rate (None: --learning-rate)"""
     explorer_critic_learning_rate: Optional[float] = None
@@ -680,7 +688,7 @@ class Row:
     advantages: torch.Tensor  # [response_len]
     returns: torch.Tensor  # [1] (value target at the last prompt token) or [response_len] (per token)
     old_values: torch.Tensor  # same shape as returns
-    swapped: bool  # a buffered explorer turn: no KL / entropy / value loss on it
+    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy / value loss on it
     off_policy: bool  # sampled by another model than the one being trained: gets importance weights
     iteration: int  # the iteration that sampled it
     old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
@@ -701,7 +709,7 @@ def make_rows(trajectories, advantages, returns, old_values, off_policy: list[bo
                         advantages=a,
                         returns=r,
                         old_values=v,
-                        swapped=traj.sampler == "explorer",
+                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
                         off_policy=off,
                         iteration=traj.iteration,
                     )  # fmt: skip
@@ -859,6 +867,7 @@ def update(
         "clip_frac": sums["clip"] / n,
         "approx_kl": sums["approx_kl"] / n,
         "trained_tokens": trained_tokens,
+        "update_rows": len(rows),
     }
     if sums["own"]:
         stats["kl"] = sums["kl"] / n_own
@@ -903,6 +912,29 @@ def nonzero_outcome_group_share(trajectories: list[Trajectory], task_seeds: Sequ
     return sum(won.values()) / max(1, len(won))
 
 
+def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer) -> dict[str, float]:
+    """How far agent B is from the policy, on all response tokens and on the action tokens alone (the tokens inside
+    <action>...</action>; the tags and EOS are near-deterministic and would hide the difference): the importance
+    weights of every swapped row, and KL(explorer || policy) (k3, pi_policy / pi_explorer) on this iteration's."""
+    if not swapped_rows:
+        return {}
+    action = torch.tensor(
+        [m for r in swapped_rows for m in prompts.action_token_mask(tokenizer, r.input_ids[r.prompt_len :])]
+    )
+    w = torch.cat([r.is_weights for r in swapped_rows])
+    out = {f"is_weight/{k}": v for k, v in importance_weight_stats(w, torch.ones_like(action)).items()}
+    out.update({f"is_weight/{k}_action": v for k, v in importance_weight_stats(w, action).items()})
+    fresh = torch.tensor([r.iteration == iteration for r in swapped_rows for _ in r.is_weights])
+    if fresh.any():
+        lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in swapped_rows])
+        lp_policy = torch.cat([r.old_logprobs for r in swapped_rows])
+        kl = kl_k3(lp_explorer, lp_policy)
+        out["explorer/kl_to_policy"] = kl[fresh].mean().item()
+        if (fresh & action).any():
+            out["explorer/kl_to_policy_action"] = kl[fresh & action].mean().item()
+    return out
+
+
 def pearson(x: list[float], y: list[float]) -> Optional[float]:
     """Correlation of two lists; None when either is constant (undefined)."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
@@ -922,8 +954,8 @@ if __name__ == "__main__":
         raise SystemExit("--tasks-per-iteration, --group-size, --max-steps and --num-eval-tasks must be >= 1")
     if swap and args.explorer_rollouts_per_task < 1:
         raise SystemExit("--explorer-rollouts-per-task must be >= 1 in swap mode")
-    if args.explorer_sync_every < 1:
-        raise SystemExit("--explorer-sync-every must be >= 1")
+    if args.explorer_sync_every < 0:
+        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
     logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     run.seed_everything(args.seed, args.torch_deterministic)
@@ -972,7 +1004,9 @@ if __name__ == "__main__":
         history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
         outcome_scale=args.outcome_scale, autocast=autocast,
     )  # fmt: skip
-    env_kw = dict(backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps)
+    env_kw = dict(
+        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
+    )
     env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
     def make_envs(n: int) -> cenvs.LockstepEnvs:
@@ -1057,34 +1091,32 @@ if __name__ == "__main__":
         update_s, trained_tokens = 0.0, 0
 
         try:
-            # THE SWAP (RSPO): explorer PPO step on the process reward, explorer rollouts, swap to outcome, buffer
+            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts (its own
+            # value head); its trajectories, rewards swapped to the outcome, enter the buffer and join the batch
             train_trajs = batch
-            shared_logprobs = None  # (old, ref) log-probs of the policy batch's rows, when the explorer was synced
+            shared_logprobs = None  # (old, ref) log-probs of the policy batch's rows, from a one-step explorer copy
             if swap:
                 t0 = time.perf_counter()
-                synced = (iteration - 1) % args.explorer_sync_every == 0
-                if synced:
-                    explorer.load_state_dict(policy.state_dict())
                 for opt, lr in ((explorer_optimizer, explorer_lr), (explorer_critic_optimizer, explorer_critic_lr)):
                     for group in opt.param_groups:
                         group["lr"] = lr * warmup
-                # The explorer's own value head gives the values of its process-reward GAE.
-                e_adv, e_ret, e_val = ppo_advantages(batch, explorer_critic, "process", **adv_kw)
-                # When the explorer was not just synced, the policy's batch is off-policy for it.
-                explorer_rows = make_rows(batch, e_adv, e_ret, e_val, off_policy=[not synced] * len(batch))
-                prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
-                if synced:  # same weights as the policy: its old log-probs on the batch are the policy's too
+                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
+                    explorer.load_state_dict(policy.state_dict())
+                    e_adv, e_ret, e_val = ppo_advantages(batch, explorer_critic, "process", **adv_kw)
+                    explorer_rows = make_rows(batch, e_adv, e_ret, e_val, off_policy=[False] * len(batch))
+                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                    # same weights as the policy: its old log-probs on the batch are the policy's too
                     shared_logprobs = [(r.input_ids, r.old_logprobs, r.ref_logprobs) for r in explorer_rows]
-                estats = update(
-                    explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
-                    epochs=explorer_epochs, **update_kw,
-                )  # fmt: skip
+                    estats = update(
+                        explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
+                        epochs=explorer_epochs, **update_kw,
+                    )  # fmt: skip
+                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
                 update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
 
                 t0 = time.perf_counter()
-                extra, xstats = rollout(
+                explorer_trajectories, xstats = rollout(
                     explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
                     args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
                     temperature=args.temperature, greedy=False, **rollout_kw,
@@ -1092,9 +1124,25 @@ if __name__ == "__main__":
                 env_steps += xstats["env_steps"]
                 gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
                 rollout_s += time.perf_counter() - t0
-                metrics["explorer/success_rate"] = float(np.mean([t.won for t in extra]))
-                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in extra]))
-                buffer.add(swap_rewards(extra), iteration)
+                metrics["explorer/env_steps"] = xstats["env_steps"]
+
+                if args.explorer == "agent_b":  # PPO on the process reward, on-policy for agent B, its own value head
+                    t0 = time.perf_counter()
+                    e_adv, e_ret, e_val = ppo_advantages(explorer_trajectories, explorer_critic, "process", **adv_kw)
+                    explorer_rows = make_rows(
+                        explorer_trajectories, e_adv, e_ret, e_val, off_policy=[False] * len(explorer_trajectories)
+                    )
+                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
+                    estats = update(
+                        explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
+                        epochs=explorer_epochs, **update_kw,
+                    )  # fmt: skip
+                    update_s += time.perf_counter() - t0
+                trained_tokens += estats["trained_tokens"]
+                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                buffer.add(swap_rewards(explorer_trajectories), iteration)
                 train_trajs = batch + buffer.sample(task_seeds, iteration, args.buffer_extra_other_tasks)
                 metrics["buffer/size"] = len(buffer)
                 metrics["buffer/sampled"] = len(train_trajs) - len(batch)
@@ -1117,21 +1165,7 @@ if __name__ == "__main__":
                 prepare_rows(policy, ref_model, rows[len(shared_logprobs) :], **prepare_kw)
             else:
                 prepare_rows(policy, ref_model, rows, **prepare_kw)
-            swapped_rows = [r for r in rows if r.swapped]
-            if swapped_rows:
-                w = torch.cat([r.is_weights for r in swapped_rows])
-                metrics.update(
-                    {
-                        f"is_weight/{k}": v
-                        for k, v in importance_weight_stats(w, torch.ones_like(w, dtype=torch.bool)).items()
-                    }
-                )
-                # KL(explorer || policy) on this iteration's explorer tokens: k3 with ratio pi_policy / pi_explorer.
-                fresh = [r for r in swapped_rows if r.iteration == iteration]
-                if fresh:
-                    lp_explorer = torch.cat([torch.tensor(r.behaviour_logprobs) for r in fresh])
-                    lp_policy = torch.cat([r.old_logprobs for r in fresh])
-                    metrics["explorer/kl_to_policy"] = kl_k3(lp_explorer, lp_policy).mean().item()
+            metrics.update(explorer_distance_metrics([r for r in rows if r.swapped], iteration, tokenizer))
             pstats = update(policy, optimizer, critic, critic_optimizer, rows, epochs=args.update_epochs, **update_kw)
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]

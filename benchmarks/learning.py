@@ -6,12 +6,16 @@ evaluation (step 0) is run once per (env, seed) and shared by the runs that star
 
 - outcome          the base algorithm on the sparse outcome reward, a group of G_on policy rollouts
 - outcome_big      control: the same with G_on + G_off policy rollouts ("more samples" is not "the swap works")
-- process          the base algorithm trained on the dense process reward (evaluated on the outcome)
-- swap             RSPO with the default off-policy correction (tis)
-- swap_none        RSPO without the importance weights (only on the pairs in CORRECTION_PAIRS)
+- process          the base algorithm trained on the misaligned process reward (evaluated on the outcome)
+- swap             RSPO: agent B learns the misaligned process reward, the default off-policy correction (tis)
+and, on the pairs in SECONDARY_PAIRS with --secondary-seeds seeds:
+- swap_one_step    RSPO with the explorer re-copied every iteration and one step on the policy's batch
+- swap_none        RSPO without the importance weights
+- process_aligned  the base algorithm on the aligned process reward
 
 Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run), `learning_summary.csv`
-(mean +- std over seeds), `learning.png` (held-out success vs environment steps, one panel per pair).
+(mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each control, paired by seed: mean and
+95% interval), `learning.png` (held-out success vs environment steps, one panel per pair).
 
     python benchmarks/learning.py                  # the whole table: 51 runs, 4,000 env steps each, 1 h 36 min on 2 cores
     python benchmarks/learning.py --only grpo_webshop
@@ -47,7 +51,11 @@ PAIRS: dict[str, tuple[str, list[str]]] = {
     "gigpo_webshop": ("rspo_gigpo.py", ["--env", "webshop"]),
     "gigpo_alfworld": ("rspo_gigpo.py", ["--env", "alfworld"]),
 }
-CORRECTION_PAIRS = ("grpo_webshop",)
+SECONDARY_PAIRS = ("grpo_webshop",)
+MAIN_VARIANTS = ("outcome", "outcome_big", "process", "swap")
+SECONDARY_VARIANTS = ("swap_one_step", "swap_none", "process_aligned")
+# The process reward of the main variants: the one whose optimum is not the outcome's (the paper's setting).
+PROCESS_REWARD = "misaligned"
 # Every run of an env and seed starts from the same tiny model, and both scripts on an env evaluate it on the same
 # held-out seeds with the same prompts, so its step-0 evaluation is one measurement: it is run once per (env, seed)
 # with --eval-only and shared (the 51-run table of 2026-12-03 measured it in every run: identical in all of them).
@@ -57,7 +65,7 @@ G_ON, G_OFF = 4, 4
 
 def variant_flags(variant: str) -> list[str]:
     """The flags that make one variant; every variant uses G_on policy rollouts unless it says otherwise."""
-    base = ["--group-size", str(G_ON), "--explorer-rollouts-per-task", str(G_OFF)]
+    base = ["--group-size", str(G_ON), "--explorer-rollouts-per-task", str(G_OFF), "--process-reward", PROCESS_REWARD]
     if variant == "outcome":
         return base + ["--reward-mode", "outcome"]
     if variant == "outcome_big":
@@ -71,16 +79,72 @@ def variant_flags(variant: str) -> list[str]:
         ]
     if variant == "process":
         return base + ["--reward-mode", "process"]
+    swap = ["--reward-mode", "swap", "--explorer", "agent_b", "--off-policy-correction", "tis"]
     if variant == "swap":
-        return base + ["--reward-mode", "swap", "--off-policy-correction", "tis"]
+        return base + swap
+    if variant == "swap_one_step":
+        return base + swap + ["--explorer", "one_step"]
     if variant == "swap_none":
-        return base + ["--reward-mode", "swap", "--off-policy-correction", "none"]
+        return base + swap + ["--off-policy-correction", "none"]
+    if variant == "process_aligned":
+        return base + ["--reward-mode", "process", "--process-reward", "aligned"]
     raise ValueError(f"unknown variant {variant!r}")
 
 
-def variants_for(pair: str) -> list[str]:
-    names = ["outcome", "outcome_big", "process", "swap"]
-    return names + (["swap_none"] if pair in CORRECTION_PAIRS else [])
+def jobs_for(pairs: list[str], seeds: int, secondary_seeds: int) -> list[tuple[str, str, int]]:
+    """(pair, variant, seed) of every run: the main variants on every pair and seed, the secondary ones on
+    SECONDARY_PAIRS with the first `secondary_seeds` seeds."""
+    jobs = [(pair, v, s) for pair in pairs for v in MAIN_VARIANTS for s in range(1, seeds + 1)]
+    jobs += [
+        (pair, v, s)
+        for pair in pairs
+        if pair in SECONDARY_PAIRS
+        for v in SECONDARY_VARIANTS
+        for s in range(1, min(seeds, secondary_seeds) + 1)
+    ]
+    return jobs
+
+
+# two-sided 95% quantiles of Student's t, t_{0.975, df} for df = 1..30 (intervals over a handful of seeds)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+
+
+def t_ci95(values: list[float]) -> tuple[float, float]:
+    """(mean, half-width) of the 95% Student-t interval of the mean: t_{0.975, n-1} * s / sqrt(n), s the sample
+    std (ddof 1); half-width 0.0 for a single value. Beyond 31 values t is taken as 1.96."""
+    n = len(values)
+    mean = statistics.mean(values)
+    if n < 2:
+        return mean, 0.0
+    t = T975[n - 2] if n - 1 <= len(T975) else 1.96
+    return mean, t * statistics.stdev(values) / n**0.5
+
+
+def paired_differences(results: list[dict]) -> list[dict]:
+    """swap minus each control (outcome, outcome_big, process) on held-out success, paired by seed: the mean and
+    95% t interval of the per-seed differences, over the seeds both variants have."""
+    rows = []
+    for pair in [p for p in PAIRS if any(r["pair"] == p for r in results)]:
+        by = {(r["variant"], r["seed"]): r["success"] for r in results if r["pair"] == pair}
+        for control in ("outcome", "outcome_big", "process"):
+            seeds = sorted(s for v, s in by if v == "swap" and (control, s) in by)
+            if not seeds:
+                continue
+            diffs = [by[("swap", s)] - by[(control, s)] for s in seeds]
+            mean, half = t_ci95(diffs)
+            rows.append(
+                {
+                    "pair": pair,
+                    "difference": f"swap - {control}",
+                    "seeds": len(seeds),
+                    "mean": round(mean, 4),
+                    "ci95_low": round(mean - half, 4),
+                    "ci95_high": round(mean + half, 4),
+                    "per_seed": " ".join(f"{d:+.3f}" for d in diffs),
+                }
+            )
+    return rows
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -219,13 +283,15 @@ def summarise(results: list[dict]) -> list[dict]:
         succ = [r["success"] for r in rs]
         start = [r["success_start"] for r in rs]
         scores = [r["score"] for r in rs if r["score"] != ""]
+        mean, half = t_ci95(succ)
         rows.append(
             {
                 "pair": pair,
                 "variant": variant,
                 "seeds": len(rs),
                 "success_start_mean": round(statistics.mean(start), 4),
-                "success_mean": round(statistics.mean(succ), 4),
+                "success_mean": round(mean, 4),
+                "success_ci95": round(half, 4),
                 "train_success_first10_mean": _mean_of(rs, "train_success_first10"),
                 "train_success_last10_mean": _mean_of(rs, "train_success_last10"),
                 "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
@@ -238,7 +304,8 @@ def summarise(results: list[dict]) -> list[dict]:
 
 
 def write_tables(results: list[dict], out: pathlib.Path, suffix: str) -> list[dict]:
-    """learning{suffix}.csv (one row per run) and learning{suffix}_summary.csv; returns the summary rows."""
+    """learning{suffix}.csv (one row per run), learning{suffix}_summary.csv and learning{suffix}_paired.csv;
+    returns the summary rows."""
     with open(out / f"learning{suffix}.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "curve"])
         w.writeheader()
@@ -248,6 +315,12 @@ def write_tables(results: list[dict], out: pathlib.Path, suffix: str) -> list[di
         w = csv.DictWriter(f, fieldnames=list(summary[0]))
         w.writeheader()
         w.writerows(summary)
+    paired = paired_differences(results)
+    if paired:
+        with open(out / f"learning{suffix}_paired.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(paired[0]))
+            w.writeheader()
+            w.writerows(paired)
     return summary
 
 
@@ -284,7 +357,8 @@ def main() -> None:
         action="store_true",
         help="short check (under 10 minutes): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
     )
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--secondary-seeds", type=int, default=3, help="seeds of the secondary variants")
     p.add_argument(
         "--total-env-steps", type=int, default=4000, help="budget per run, explorer steps included (sized for 2 h)"
     )
@@ -305,7 +379,7 @@ def main() -> None:
         pairs = a.only or ["grpo_webshop", "ppo_alfworld"]
         seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
     a.out.mkdir(parents=True, exist_ok=True)
-    jobs = [(pair, v, s) for pair in pairs for v in variants_for(pair) for s in range(1, seeds + 1)]
+    jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds)
     print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
     t0 = time.time()
     failures: list[str] = []
@@ -342,7 +416,7 @@ def main() -> None:
     summary = write_tables(results, a.out, suffix)
     plot(results, a.out / f"learning{suffix}.png")
     print(
-        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- std) | WebShop score "
+        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
         "| sampled training success, first -> last 10 iterations | env steps | seeds |"
     )
     print("|---|---|---|---|---|---|---|---|")
@@ -350,8 +424,14 @@ def main() -> None:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
         print(
             f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
-            f"{s['success_std']:.3f} | {score} | {s['train_success_first10_mean']} -> "
+            f"{s['success_ci95']:.3f} | {score} | {s['train_success_first10_mean']} -> "
             f"{s['train_success_last10_mean']} | {s['env_steps_mean']} | {s['seeds']} |"
+        )
+    print("\n| pair | paired by seed | mean | 95% interval | per seed |\n|---|---|---|---|---|")
+    for d in paired_differences(results):
+        print(
+            f"| {d['pair']} | {d['difference']} | {d['mean']:+.3f} | [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}] "
+            f"| {d['per_seed']} |"
         )
     print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
     if failures:

@@ -223,3 +223,23 @@ def format_response(action: str, short: bool) -> str:
     if short:
         return f"{ACTION_OPEN}{action}{ACTION_CLOSE}"
     return f"<think>The next step towards the task is: {action}.</think>\n{ACTION_OPEN}{action}{ACTION_CLOSE}"
+
+
+def action_token_mask(tokenizer, response_ids: list[int]) -> list[bool]:
+    """Which response tokens write the action: those whose text overlaps the inside of the last complete
+    `<action>...</action>` (the span `parse_action` reads). The tags, EOS and any text around them are format
+    tokens (False): near-deterministic, they would hide how far two models' action choices differ. All False
+    when the response has no complete action. Token texts are decoded one by one and concatenated."""
+    pieces = [tokenizer.decode([t]) for t in response_ids]
+    text = "".join(pieces)
+    end = text.rfind(ACTION_CLOSE)
+    start = text.rfind(ACTION_OPEN, 0, end) if end >= 0 else -1
+    if start < 0:
+        return [False] * len(pieces)
+    inner_start = start + len(ACTION_OPEN)
+    inner_end = text.find(ACTION_CLOSE, start)
+    mask, pos = [], 0
+    for piece in pieces:
+        mask.append(pos < inner_end and pos + len(piece) > inner_start)
+        pos += len(piece)
+    return mask

@@ -106,3 +106,54 @@ def test_script_flags_follow_the_benchmark_flags(tmp_path, monkeypatch):
     assert script == "rspo_gigpo.py" and flags[:2] == ["--env", "webshop"]
     assert flags[-2:] == ["--kl-coef", "0.1"] and flags[flags.index("--reward-mode") + 1] == "swap"
     assert r["success"] == 0.3 and r["seconds"] == 2.0
+
+
+def test_t_interval_hand_computed():
+    # values 0.1, 0.3, 0.5: mean 0.3, s = 0.2, t_{0.975,2} = 4.303 -> half-width 4.303 * 0.2 / sqrt(3) = 0.49687
+    mean, half = learning.t_ci95([0.1, 0.3, 0.5])
+    assert mean == pytest.approx(0.3) and half == pytest.approx(0.49687, abs=1e-5)
+    assert learning.t_ci95([0.4]) == (0.4, 0.0)
+    # five seeds: t_{0.975,4} = 2.776
+    mean, half = learning.t_ci95([0.0, 0.1, 0.2, 0.3, 0.4])
+    assert mean == pytest.approx(0.2) and half == pytest.approx(2.776 * 0.158114 / 5**0.5, abs=1e-5)
+
+
+def test_paired_differences_by_seed_hand_computed(tmp_path):
+    """swap - control per seed: seeds 1, 2, 3 give +0.10, +0.20, +0.00 against outcome: mean 0.1, s = 0.1,
+    half-width 4.303 * 0.1 / sqrt(3) = 0.24843; a control run missing for a seed leaves that seed out."""
+    success = {
+        ("swap", 1): 0.5, ("swap", 2): 0.6, ("swap", 3): 0.3,
+        ("outcome", 1): 0.4, ("outcome", 2): 0.4, ("outcome", 3): 0.3,
+        ("process", 1): 0.6, ("process", 2): 0.5,
+    }  # fmt: skip
+    results = [
+        learning.finished_run(write_run(tmp_path, f"grpo_webshop__{v}__{s}", [(0, 0.2, 60.0), (100, x, 70.0)]), 100)
+        for (v, s), x in success.items()
+    ]
+    rows = {r["difference"]: r for r in learning.paired_differences(results)}
+    assert set(rows) == {"swap - outcome", "swap - process"}  # no outcome_big run: no row
+    d = rows["swap - outcome"]
+    assert d["seeds"] == 3 and d["mean"] == pytest.approx(0.1)
+    assert d["ci95_low"] == pytest.approx(0.1 - 0.24843, abs=1e-4) and d["ci95_high"] == pytest.approx(
+        0.34843, abs=1e-4
+    )
+    assert d["per_seed"] == "+0.100 +0.200 +0.000"
+    p = rows["swap - process"]
+    assert p["seeds"] == 2 and p["mean"] == pytest.approx(0.0) and p["per_seed"] == "-0.100 +0.100"
+    learning.write_tables(results, tmp_path, "")
+    with open(tmp_path / "learning_paired.csv") as f:
+        assert [r["difference"] for r in csv.DictReader(f)] == ["swap - outcome", "swap - process"]
+
+
+def test_jobs_main_variants_everywhere_secondary_on_one_pair():
+    jobs = learning.jobs_for(["grpo_webshop", "ppo_alfworld"], seeds=5, secondary_seeds=3)
+    main = [j for j in jobs if j[1] in learning.MAIN_VARIANTS]
+    assert len(main) == 2 * 4 * 5
+    secondary = [j for j in jobs if j[1] not in learning.MAIN_VARIANTS]
+    assert {j[0] for j in secondary} == {"grpo_webshop"} and len(secondary) == 3 * 3
+    flags = learning.variant_flags("process")
+    assert flags[flags.index("--process-reward") + 1] == "misaligned"
+    aligned = learning.variant_flags("process_aligned")
+    assert aligned[len(aligned) - 1 - aligned[::-1].index("--process-reward") + 1] == "aligned"  # the last one wins
+    one_step = learning.variant_flags("swap_one_step")
+    assert one_step[len(one_step) - 1 - one_step[::-1].index("--explorer") + 1] == "one_step"

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from common import prompts
 from common.prompts import TRUNCATION_MARK, build_prompt, encode_prompt, format_response, parse_action
 
 TASK = "put a clean apple in fridge"
@@ -243,3 +244,20 @@ def test_format_response_round_trips_through_parse():
         assert parse_action(resp) == ("take apple 1 from countertop 1", True)
     assert format_response("look", True) == "<action>look</action>"
     assert format_response("look", False).startswith("<think>")
+
+
+def test_action_token_mask_marks_the_tokens_inside_the_last_action():
+    from common.models import train_tiny_tokenizer
+
+    corpus = ["<think>the next step</think> click[buy now] search[red shoes] <action>3</action>"] * 20
+    tok = train_tiny_tokenizer(corpus, vocab_size=300)
+    ids = tok("<think>x</think><action>click[buy now]</action>").input_ids + [tok.eos_token_id]
+    mask = prompts.action_token_mask(tok, ids)
+    inside = "".join(tok.decode([t]) for t, m in zip(ids, mask) if m)
+    assert inside == "click[buy now]"
+    assert len(mask) == len(ids) and not mask[-1]
+    no_action = tok("<action>click[buy now]").input_ids
+    assert prompts.action_token_mask(tok, no_action) == [False] * len(no_action)
+    two = tok("<action>3</action><action>click[buy now]</action>").input_ids
+    picked = [tok.decode([t]) for t, m in zip(two, prompts.action_token_mask(tok, two)) if m]
+    assert "".join(picked) == "click[buy now]" and "3" not in picked
