@@ -84,6 +84,12 @@ def is_tiny(model_name: str) -> bool:
     return model_name == TINY
 
 
+# The default tiny models, built once by build_tiny and committed, so that every machine starts from the same
+# weights (a build on another CPU kind gives other weights: floating-point sums differ). A folder here is used when
+# its name, which ends in the hash of the config and the env's texts, is the one build_tiny would build.
+COMMITTED_TINY_DIR = pathlib.Path(__file__).resolve().parents[1] / "tiny_models"
+
+
 def default_cache_dir(cache_dir: str | None = None) -> pathlib.Path:
     """cache_dir, else $RSPO_CACHE, else ~/.cache/rspo."""
     return pathlib.Path(cache_dir or os.environ.get("RSPO_CACHE") or pathlib.Path.home() / ".cache" / "rspo")
@@ -323,7 +329,8 @@ def build_tiny(
     warm_start: bool = True,
     config: dict | None = None,
 ) -> pathlib.Path:
-    """The cache folder of the tiny model of (env, preset, seed), building it first if it is not there.
+    """The folder of the tiny model of (env, preset, seed): the committed one (tiny_models/) if it has this
+    config's hash, else the cache folder, building it first if it is not there.
 
     Folder: <cache>/tiny/<env>-<preset>-seed<seed>-<hash>/ with the save_pretrained model and tokenizer and
     warmstart.json (what the warm start reached). The hash covers `config` (default TINY_CONFIG) and the
@@ -336,7 +343,10 @@ def build_tiny(
     env = cenvs.env_module(env_name)
     corpus = list(env.text_corpus(preset))
     key = _hash({"cfg": cfg, "env": env_name, "preset": preset, "seed": seed, "corpus": _hash(corpus)})
-    final = default_cache_dir(cache_dir) / "tiny" / f"{env_name}-{preset}-seed{seed}-{key}"
+    name = f"{env_name}-{preset}-seed{seed}-{key}"
+    if (COMMITTED_TINY_DIR / name / "warmstart.json").exists():
+        return COMMITTED_TINY_DIR / name
+    final = default_cache_dir(cache_dir) / "tiny" / name
     if (final / "warmstart.json").exists():
         return final
     # One build at a time per cache, whichever model: each runs bc_threads threads, and two builds side by side

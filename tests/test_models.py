@@ -372,3 +372,16 @@ def test_tiny_warm_start_reaches_its_band(env_name):
     assert 5e5 <= report["parameters"] <= 5e6
     low, high = models.TINY_CONFIG["success_band"]
     assert low <= report["success"] <= high, report["evaluations"]
+
+
+@pytest.mark.parametrize("env_name", ["webshop", "alfworld"])
+def test_default_tiny_models_are_the_committed_ones(env_name, tmp_path):
+    """The scripts' default tiny models load from tiny_models/ (the same weights on every machine): the committed
+    folder carries the hash of today's config and texts, so a change of either without a rebuild fails here."""
+    path = models.build_tiny(env_name, "small", 1, cache_dir=str(tmp_path))
+    assert path.parent == models.COMMITTED_TINY_DIR and (path / "model.safetensors").is_file()
+    assert not (tmp_path / "tiny").exists()  # nothing was built
+    report = json.loads((path / "warmstart.json").read_text())
+    assert report["env"] == env_name and report["seed"] == 1 and report["in_band"]
+    model, tokenizer = models.load_model("tiny", env_name=env_name, cache_dir=str(tmp_path))
+    assert model.name_or_path == str(path) and tokenizer.pad_token_id is not None
