@@ -156,7 +156,8 @@ class Args:
     num_eval_tasks: int = 50
     """held-out tasks (the first seeds of --eval-split)"""
     eval_split: str | None = None
-    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`)"""
+    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`; `valid`: the training seeds after the pool,
+    never trained on, where defaults are chosen)"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64

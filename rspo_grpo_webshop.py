@@ -145,9 +145,10 @@ class Args:
     """also evaluate the initial policy (logged at iteration 0)"""
     num_eval_tasks: int = 50
     """evaluation tasks: the first goals of --eval-split (test goals 0, 1, ..., at most 500)"""
-    eval_split: Literal["test", "train"] = "test"
+    eval_split: Literal["test", "train", "valid"] = "test"
     """`test`: held-out goals; `train`: the first --num-eval-tasks training goals (the training pool is the first
-    --train-pool-size of them), to see how well the policy fits the goals it trains on"""
+    --train-pool-size of them), to see how well the policy fits the goals it trains on; `valid`: the training goals
+    after the pool (never trained on), where defaults are chosen"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64

@@ -158,8 +158,9 @@ class Args:
     """training tasks are drawn from the first this-many train seeds, so that tasks recur"""
 
     # Evaluation and checkpoints
-    eval_split: Literal["valid_unseen", "valid_seen"] = "valid_unseen"
-    """held-out split: `valid_unseen` (worlds unlike training, ALFWorld's headline number) or `valid_seen`"""
+    eval_split: Literal["valid_unseen", "valid_seen", "valid"] = "valid_unseen"
+    """held-out split: `valid_unseen` (worlds unlike training, ALFWorld's headline number) or `valid_seen`; `valid`:
+    the training seeds after the pool (never trained on), where defaults are chosen"""
     eval_every: int = 5
     """evaluate every this many iterations (and after the last; 0: only after the last)"""
     eval_at_start: bool = True

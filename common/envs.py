@@ -40,9 +40,13 @@ def seed_pools(
 ) -> tuple[list[int], list[int]]:
     """(train pool, evaluation seeds): the first `train_pool_size` seeds of "train" and the first
     `num_eval_tasks` of `eval_split` (default the held-out EVAL_SPLIT[env_name], disjoint from "train"; "train"
-    evaluates on the training goals themselves)."""
+    evaluates on the training goals themselves; "valid" on the training goals that follow the pool, never trained
+    on: the split on which defaults are chosen, so that the held-out goals are reported once)."""
     train = split_seeds(env_name, "train", train_pool_size, backend=backend)
-    evaluation = split_seeds(env_name, eval_split or EVAL_SPLIT[env_name], num_eval_tasks, backend=backend)
+    if eval_split == "valid":
+        evaluation = split_seeds(env_name, "train", train_pool_size + num_eval_tasks, backend=backend)[train_pool_size:]
+    else:
+        evaluation = split_seeds(env_name, eval_split or EVAL_SPLIT[env_name], num_eval_tasks, backend=backend)
     return train, evaluation
 
 

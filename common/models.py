@@ -58,6 +58,9 @@ TINY_CONFIG = {
     "bc_train_seeds": 1024,
     # share of the BC episodes played by the env's hurried demonstrator (`hurried_action`) instead of its expert
     "bc_hurried_share": 0.0,
+    # share of the BC episodes played by the env's careless demonstrator (`careless_action`), drawn before the
+    # hurried share (which applies to the other episodes)
+    "bc_careless_share": 0.0,
     "bc_batch_size": 16,
     "bc_learning_rate": 3e-3,
     "bc_warmup_steps": 10,
@@ -372,20 +375,25 @@ def build_tiny(
 
 
 def collect_expert_turns(
-    env_name: str, preset: str, seeds: list[int], hurried_share: float = 0.0
+    env_name: str, preset: str, seeds: list[int], hurried_share: float = 0.0, careless_share: float = 0.0
 ) -> list[tuple[str, str, list, list[str], str]]:
     """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
 
     history holds the (observation, action) pairs of the episode's previous turns, as the scripts build it.
     hurried_share: the share of the episodes (drawn per seed, the same on every run) that the env's
     `hurried_action` plays instead of the expert; an env without one (None) is played by the expert alone.
+    careless_share: likewise for the env's `careless_action` (drawn first; the hurried share applies to the rest),
+    whose random product choices come from a generator seeded by the episode's seed.
     """
     module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
+    careless = module.careless_action if careless_share > 0 else None
     env = module.make_env(backend="embedded", preset=preset)
     turns = []
     for seed in seeds:
-        rushed = hurried is not None and random.Random(f"hurried-{seed}").random() < hurried_share
+        sloppy = careless is not None and random.Random(f"careless-{seed}").random() < careless_share
+        rushed = not sloppy and hurried is not None and random.Random(f"hurried-{seed}").random() < hurried_share
+        rng = random.Random(f"careless-choices-{seed}")
         obs, info = env.reset(seed)
         history: list[tuple[str, str]] = []
         done = False
@@ -393,6 +401,8 @@ def collect_expert_turns(
             action = info["expert_action"]
             if rushed:
                 action = hurried(action, info["admissible_actions"])
+            elif sloppy:
+                action = careless(action, info["admissible_actions"], rng)
             turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
             history.append((obs, action))
             obs, _, done, info = env.step(action)
@@ -539,7 +549,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
     start = time.time()
     env = cenvs.env_module(env_name)
     train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
-    turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"])
+    turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"], cfg["bc_careless_share"])
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
     prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
     responses = [format_response(tiny_expert_answer(env, action, a), short=True) for _, _, _, a, action in turns]

@@ -35,6 +35,9 @@ def test_seed_pools(env_name):
     assert evaluation == cenvs.split_seeds(env_name, cenvs.EVAL_SPLIT[env_name], 4)
     if env_name == "webshop":
         assert train[0] == 500 and evaluation == [0, 1, 2, 3]
+    # the validation split: the training seeds right after the pool, never trained on
+    train, valid = cenvs.seed_pools(env_name, 6, 4, eval_split="valid")
+    assert valid == cenvs.split_seeds(env_name, "train", 10)[6:] and not set(train) & set(valid)
 
 
 def _actions(infos, rng, k):

@@ -296,6 +296,50 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
     assert models.tiny_config("webshop")["bc_hurried_share"] > 0 == models.tiny_config("alfworld")["bc_hurried_share"]
 
 
+def test_careless_demonstrations_open_a_random_result_and_buy_it():
+    """WebShop's careless shopper opens a listed product at random and buys it at once; the warm start's data has
+    it play about bc_careless_share of the episodes (drawn before the hurried share), the same ones every call."""
+    import random
+
+    from envs import alfworld, webshop
+
+    rng = random.Random(0)
+    results = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]", "click[b0abcdefgh]"]
+    picks = {webshop.careless_action("click[b02wtyj3tv]", results, rng) for _ in range(40)}
+    assert picks == {"click[b02wtyj3tv]", "click[b0abcdefgh]"}
+    item = ["click[back to search]", "click[< prev]", "click[buy now]", "click[gray]"]
+    assert webshop.careless_action("click[gray]", item, rng) == "click[buy now]"
+    assert webshop.careless_action("search[gray chair]", ["search[<query>]"], rng) == "search[gray chair]"
+    assert alfworld.careless_action is None
+
+    seeds = list(webshop.split_seeds("train", 200))
+    mixed = models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35, careless_share=0.5)
+    assert mixed == models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35, careless_share=0.5)
+    hurried = models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
+
+    def episodes(turns):
+        out, current = [], []
+        for turn in turns:
+            current.append(turn)
+            if turn[4] == "click[buy now]":
+                out.append(current)
+                current = []
+        return out
+
+    mixed_eps, hurried_eps = episodes(mixed), episodes(hurried)
+    assert len(mixed_eps) == len(hurried_eps) == len(seeds)
+    changed = [i for i, (a, b) in enumerate(zip(mixed_eps, hurried_eps)) if a != b]
+    assert 0.3 < len(changed) / len(seeds) < 0.55  # careless episodes whose random pick is not the expert's
+    env = webshop.make_env(preset="small")
+    for i in changed:  # search, open a product, buy: no page turn, no option
+        assert [t[4].split("[")[0] for t in mixed_eps[i]] == ["search", "click", "click"]
+        assert webshop.TINY_ANSWER_BY_NUMBER.fullmatch(mixed_eps[i][1][4])
+        env.reset(seeds[i])
+        for t in mixed_eps[i]:
+            _, _, _, info = env.step(t[4])
+        assert not info["won"]
+
+
 def test_response_loss_equals_the_full_head_loss(small_tokenizer):
     model = small_model(small_tokenizer, seed=1)
     ids = torch.randint(0, len(small_tokenizer), (3, 9))
