@@ -179,13 +179,21 @@ def eval_rows(runs_dir: pathlib.Path) -> list[dict]:
     return [r for r in read_metrics(paths[0]) if "eval/success_rate" in r] if len(paths) == 1 else []
 
 
-def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path) -> dict:
-    """The step-0 evaluation row of (env, seed)'s initial model: one --eval-only run, reused when it is there."""
-    runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}"
+def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path, eval_split: str = "held-out") -> dict:
+    """The step-0 evaluation row of (env, seed)'s initial model: one --eval-only run, reused when it is there.
+    eval_split "held-out" is each script's default split; "valid" the training seeds after the pool."""
+    suffix = "" if eval_split == "held-out" else f"__{eval_split}"
+    runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}{suffix}"
     if not eval_rows(runs_dir):
         flags = ["--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks), "--exp-name", "initial"]
+        flags += split_flags(eval_split)
         run_script(INITIAL_EVAL[env_name], flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
     return eval_rows(runs_dir)[0]
+
+
+def split_flags(eval_split: str) -> list[str]:
+    """The scripts' flags for the benchmark's --eval-split: none for the held-out default."""
+    return [] if eval_split == "held-out" else ["--eval-split", eval_split]
 
 
 def run_one(
@@ -198,6 +206,7 @@ def run_one(
     out: pathlib.Path,
     initial: dict,
     script_flags: tuple[str, ...] = (),
+    eval_split: str = "held-out",
 ) -> dict:
     """One training run of `pair`/`variant`/`seed` to `budget` env steps (reused when it is already in `out`).
 
@@ -223,6 +232,7 @@ def run_one(
         "--no-eval-at-start",  # the shared initial_eval
         "--exp-name",
         f"{pair}_{variant}",
+        *split_flags(eval_split),
         *script_flags,
     ]
     seconds = run_script(script, flags, runs_dir, f"{pair}/{variant}/seed {seed}")
@@ -364,6 +374,13 @@ def main() -> None:
     )
     p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument(
+        "--eval-split",
+        choices=["held-out", "valid"],
+        default="held-out",
+        help="`held-out`: the test goals (WebShop) / valid_unseen (ALFWorld), reported once; `valid`: training "
+        "seeds after the pool, never trained on, where defaults are chosen (give it its own --out)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
     p.add_argument(
@@ -390,7 +407,7 @@ def main() -> None:
     # Step 0 of every (env, seed) first, shared by the runs on it (a failure here stops the table: nothing to share)
     starts = sorted({(pair_env(pair), s) for pair, _, s in jobs})
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, a.out), starts)))
+        initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, a.out, a.eval_split), starts)))
     print(f"step-0 evaluations of {len(starts)} (env, seed) models: {time.time() - t0:.0f} s")
 
     def attempt(job):
@@ -398,7 +415,8 @@ def main() -> None:
         # are rewritten after every run, so an interrupted table keeps what it measured (and a rerun of the
         # same command reuses those runs).
         try:
-            r = run_one(*job, budget, eval_tasks, eval_every, a.out, initial[(pair_env(job[0]), job[2])], script_flags)
+            start = initial[(pair_env(job[0]), job[2])]
+            r = run_one(*job, budget, eval_tasks, eval_every, a.out, start, script_flags, a.eval_split)
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
             print(f"FAILED: {e}", flush=True)
