@@ -70,6 +70,9 @@ class Args:
     # Model and rollout
     model_name: str = "tiny"
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
+    tiny_seed: int = 1
+    """which tiny model: the seed of its build (1: the committed one, the same weights on every machine; others are
+    built and cached on first use); --seed varies the training run from the same start"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
     generation_batch_size: int | None = None
@@ -978,7 +981,7 @@ if __name__ == "__main__":
 
     # Models: policy, frozen reference (the initial policy), explorer (swap mode)
     policy, tokenizer = models.load_model(
-        args.model_name, env_name=args.env, preset=args.env_preset, seed=args.seed, device=device
+        args.model_name, env_name=args.env, preset=args.env_preset, seed=args.tiny_seed, device=device
     )
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)

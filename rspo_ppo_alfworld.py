@@ -68,6 +68,9 @@ class Args:
     # Model and rollout
     model_name: str = "tiny"
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
+    tiny_seed: int = 1
+    """which tiny model: the seed of its build (1: the committed one, the same weights on every machine; others are
+    built and cached on first use); --seed varies the training run from the same start"""
     critic_model_name: Optional[str] = None
     """None: the critic is a value head on a copy of the policy; else a separate model with the same tokenizer"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
@@ -969,10 +972,10 @@ if __name__ == "__main__":
 
     # Models: policy + critic, frozen reference (the initial policy), explorer + its own value head (swap mode)
     policy, tokenizer = models.load_model(
-        args.model_name, env_name="alfworld", preset=args.env_preset, seed=args.seed, device=device
+        args.model_name, env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device
     )
     ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.seed, device=device)
+    load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device)
     critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate)
