@@ -308,7 +308,8 @@ def test_careless_demonstrations_open_a_random_result_and_buy_it():
     picks = {webshop.careless_action("click[b02wtyj3tv]", results, rng) for _ in range(40)}
     assert picks == {"click[b02wtyj3tv]", "click[b0abcdefgh]"}
     item = ["click[back to search]", "click[< prev]", "click[buy now]", "click[gray]"]
-    assert webshop.careless_action("click[gray]", item, rng) == "click[buy now]"
+    assert webshop.careless_action("click[gray]", item, rng) == "click[gray]"  # the right product: as the expert
+    assert webshop.careless_action("click[< prev]", item, rng) == "click[buy now]"  # a wrong one: buys it
     assert webshop.careless_action("search[gray chair]", ["search[<query>]"], rng) == "search[gray chair]"
     assert alfworld.careless_action is None
 
@@ -331,13 +332,18 @@ def test_careless_demonstrations_open_a_random_result_and_buy_it():
     changed = [i for i, (a, b) in enumerate(zip(mixed_eps, hurried_eps)) if a != b]
     assert 0.3 < len(changed) / len(seeds) < 0.55  # careless episodes whose random pick is not the expert's
     env = webshop.make_env(preset="small")
-    for i in changed:  # search, open a product, buy: no page turn, no option
-        assert [t[4].split("[")[0] for t in mixed_eps[i]] == ["search", "click", "click"]
-        assert webshop.TINY_ANSWER_BY_NUMBER.fullmatch(mixed_eps[i][1][4])
+    failed = 0
+    for i in changed:  # search, open a listed product (no page turn); a wrong one is bought at once
+        actions = [t[4] for t in mixed_eps[i]]
+        assert actions[0].startswith("search[") and webshop.TINY_ANSWER_BY_NUMBER.fullmatch(actions[1])
         env.reset(seeds[i])
-        for t in mixed_eps[i]:
-            _, _, _, info = env.step(t[4])
-        assert not info["won"]
+        for action in actions:
+            _, _, _, info = env.step(action)
+        if not info["won"]:  # a wrong product, bought at once
+            failed += 1
+            assert len(actions) == 3
+    # the rest happened to open a product that solves the goal, and chose its options like the expert
+    assert failed > 0.5 * len(changed)  # 64 of 92 here: about a third of the listed products solve the goal
 
 
 def test_response_loss_equals_the_full_head_loss(small_tokenizer):
