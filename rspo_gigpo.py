@@ -934,7 +934,29 @@ if __name__ == "__main__":
     if args.similarity_thresh is not None and not 0.0 < args.similarity_thresh <= 1.0:
         raise SystemExit("--similarity-thresh must be in (0, 1]")
     run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    # A mistake in the flags, the model, the env's data or the --resume run ends here, in one line, before any
+    # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
+    try:
+        run.check_args(
+            args,
+            at_least_one=(
+                "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
+                "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
+                "num_eval_tasks", "eval_batch_size", "checkpoint_every",
+                *(["explorer_rollouts_per_task"] if swap else []),
+            ),
+            positive=("temperature", "max_grad_norm", "is_cap"),
+            at_most_one=("gamma",),
+        )  # fmt: skip
+        try:  # the evaluation goals exist (WebShop has 500 test goals)
+            cenvs.split_seeds(args.env, args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+        except ValueError as e:
+            raise run.BadInput(f"--eval-split {args.eval_split} --num-eval-tasks {args.num_eval_tasks}: {e}") from None
+        models.check_model_name(args.model_name)
+        cenvs.check_backend(args.env, args.env_backend)
+        logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    except run.BadInput as err:
+        raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
 
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")

@@ -925,7 +925,26 @@ if __name__ == "__main__":
     if args.explorer_sync_every < 1:
         raise SystemExit("--explorer-sync-every must be >= 1")
     run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
-    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    # A mistake in the flags, the models, the env's data or the --resume run ends here, in one line, before any
+    # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
+    try:
+        run.check_args(
+            args,
+            at_least_one=(
+                "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
+                "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
+                "num_eval_tasks", "eval_batch_size", "checkpoint_every",
+            ),
+            positive=("temperature", "vf_clip", "max_grad_norm", "is_cap"),
+            at_most_one=("gamma", "gae_lambda"),
+        )  # fmt: skip
+        models.check_model_name(args.model_name)
+        if args.critic_model_name is not None:
+            models.check_model_name(args.critic_model_name, flag="--critic-model-name")
+        cenvs.check_backend("alfworld", args.env_backend)
+        logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    except run.BadInput as err:
+        raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
 
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
