@@ -799,7 +799,16 @@ def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device,
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """A non-finite loss, or weights that an optimiser step made non-finite: the update stops before using them."""
+
+
+def finite_weights(model: torch.nn.Module) -> bool:
+    """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
+    rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
+    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+    for p in model.parameters():
+        total += p.detach().float().square().sum()
+    return bool(torch.isfinite(total))
 
 
 def update(
@@ -858,6 +867,8 @@ def update(
                 trained_tokens += int(b["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
+            if not finite_weights(model):
+                raise NonFiniteLoss("an optimiser step made the weights non-finite")
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {
         "policy_loss": sums["policy_loss"] / n,
@@ -1154,8 +1165,10 @@ if __name__ == "__main__":
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]
         except NonFiniteLoss as err:
-            path = save(iteration - 1)
-            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint saved to {path}") from None
+            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
+            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
         # LOGGING (training curve from the policy's own rollouts only)
         outcome = [t.outcome_return for t in batch]

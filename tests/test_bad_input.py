@@ -1,4 +1,5 @@
-"""A user's mistake, in any script, ends in one line on stderr, a non-zero exit and no new or changed file.
+"""A user's mistake, in any script, ends in one line on stderr, a non-zero exit and no new or changed file; a
+diverging run stops with its iteration and keeps its last good checkpoint.
 
 Mistakes caught before anything starts run the script's `__main__` in this process (runpy: the exit message is
 the SystemExit's); the rest run the script in a subprocess with the tiny models, 1-2 iterations.
@@ -14,6 +15,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
+
+from common.run import read_metrics
 
 SCRIPTS = {"grpo": "rspo_grpo_webshop.py", "ppo": "rspo_ppo_alfworld.py", "gigpo": "rspo_gigpo.py"}
 SMALL = [
@@ -73,6 +77,10 @@ def _copy(run_dir, tmp_path):
     dst = tmp_path / "runs" / run_dir.name
     shutil.copytree(run_dir, dst)
     return dst
+
+
+def _iterations(run_dir) -> list[int]:
+    return [row["iteration"] for row in read_metrics(run_dir)]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -183,3 +191,42 @@ def test_resume_with_other_flags_is_refused(repo_root, monkeypatch, tmp_path, ba
     message = _exit_message(repo_root, monkeypatch, "ppo", *SMALL, *flags)
     assert "--reward-mode swap (the run's: outcome)" in message
     assert _snapshot(run_dir) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Divergence: stop with the iteration number, keep the last good checkpoint
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_divergence_keeps_the_last_good_checkpoint(repo_root, script_env, tmp_path, base_runs, script):
+    # The policy's Adam moments are poisoned (as a diverging optimiser leaves them): iteration 2's first policy
+    # step makes its weights NaN; with 2 epochs the next loss is NaN too (the path that used to save them).
+    run_dir = _copy(base_runs[script], tmp_path)
+    ckpt_path = run_dir / "checkpoints" / "latest.pt"
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    for state in ckpt["optimizers"]["policy"]["state"].values():
+        state["exp_avg"].fill_(float("nan"))
+    torch.save(ckpt, ckpt_path)
+    before = ckpt_path.read_bytes()
+    flags = ["--reward-mode", BASE_MODE[script], "--num-iterations", "2", "--resume", str(run_dir)]
+    flags += ["--runs-dir", str(run_dir.parent)]
+    proc = _run(repo_root, script_env, script, *flags)
+    assert proc.returncode != 0
+    assert ckpt_path.read_bytes() == before  # the damaged weights, explorer and buffer are not saved
+    assert _iterations(run_dir) == [1]
+    line = _one_line_failure(proc)
+    assert "iteration 2" in line and str(ckpt_path) in line
+
+
+@pytest.mark.parametrize("script", list(SCRIPTS))
+def test_blow_up_with_a_finite_loss_stops_at_its_iteration(repo_root, script_env, tmp_path, script):
+    # lr 1e30 with one optimiser step per iteration: the step moves the policy's weights by ~1e30 after a finite
+    # loss, and only the next forward pass overflows (it used to save them, then fail in the next rollout). The
+    # check after the step stops the run there, before anything is saved.
+    flags = ["--reward-mode", "outcome", "--update-epochs", "1", "--num-iterations", "2", "--learning-rate", "1e30"]
+    proc = _run(repo_root, script_env, script, *flags, "--runs-dir", str(tmp_path))
+    (run_dir,) = tmp_path.iterdir()
+    assert not (run_dir / "checkpoints").exists()
+    assert _iterations(run_dir) == []
+    line = _one_line_failure(proc)
+    assert line.startswith("training diverged at iteration 1") and "no checkpoint was written" in line
