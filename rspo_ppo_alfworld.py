@@ -1022,13 +1022,16 @@ if __name__ == "__main__":
     if swap:
         modules.update(explorer=explorer, explorer_critic=explorer_critic)
         optimizers.update(explorer=explorer_optimizer, explorer_critic=explorer_critic_optimizer)
+    if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
+        modules, optimizers = {"policy": policy}, {}
     if args.resume:
         state = logger.load_checkpoint(modules, optimizers)
         if not state:
             raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
         start_iteration = state["iteration"] + 1
         env_steps = state["extra"]["env_steps"]
-        buffer.load_state_dict(state["extra"]["buffer"])
+        if not args.eval_only:
+            buffer.load_state_dict(state["extra"]["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
     def save(iteration: int):

@@ -194,6 +194,20 @@ def test_resume_with_other_flags_is_refused(repo_root, monkeypatch, tmp_path, ba
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# --eval-only reads the policy alone
+
+
+def test_ppo_eval_only_of_an_outcome_run_in_swap_mode(repo_root, script_env, tmp_path, base_runs):
+    before = _snapshot(base_runs["ppo"])
+    proc = _run(repo_root, script_env, "ppo", "--eval-only", "--resume", str(base_runs["ppo"]), "--runs-dir",
+                str(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "eval (valid_unseen) success" in proc.stdout
+    assert _snapshot(base_runs["ppo"]) == before
+    assert len(list(tmp_path.iterdir())) == 1  # the evaluation's own folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Divergence: stop with the iteration number, keep the last good checkpoint
 
 
