@@ -800,7 +800,7 @@ if __name__ == "__main__":
 
     # Resume
     start_iteration, env_steps = 1, 0
-    modules = {"policy": policy, **({"explorer": explorer} if swap else {})}
+    modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
     optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
     if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
         modules, optimizers = {"policy": policy}, {}

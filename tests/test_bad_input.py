@@ -193,6 +193,22 @@ def test_resume_with_other_flags_is_refused(repo_root, monkeypatch, tmp_path, ba
     assert _snapshot(run_dir) == before
 
 
+def test_grpo_resume_extends_and_restores_the_stored_reference(repo_root, script_env, tmp_path, base_runs):
+    run_dir = _copy(base_runs["grpo"], tmp_path)
+    ckpt_path = run_dir / "checkpoints" / "latest.pt"
+    ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    ref = ckpt["modules"]["ref"]  # the frozen reference is stored, like in the PPO and GiGPO scripts
+    name = next(k for k in ref if ".layers." in k)  # not the embedding, which the LM head may share
+    ref[name] = ref[name] + 0.25  # another machine's reference: the resumed run must use this one, not rebuild it
+    torch.save(ckpt, ckpt_path)
+    flags = ["--num-iterations", "2", "--resume", str(run_dir), "--runs-dir", str(run_dir.parent)]
+    proc = _run(repo_root, script_env, "grpo", *flags)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    after = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+    assert after["iteration"] == 2
+    assert all(torch.equal(after["modules"]["ref"][k], v) for k, v in ref.items())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # --eval-only reads the policy alone
 
