@@ -35,6 +35,8 @@ _REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
 # also recorded (wandb) does not change the experiment. Every other flag must be the run's own.
 RESUME_MAY_CHANGE = ("num_iterations", "total_env_steps")
 _RECORDING_FLAGS = ("resume", "eval_only", "runs_dir", "track", "wandb_project_name", "wandb_entity")
+# The scripts' "to be filled in runtime" fields: they differ only where the flags they come from do.
+_DERIVED_FIELDS = ("num_policy_rollouts", "num_explorer_rollouts")
 # --eval-only reads only the policy: these must match the run whose checkpoint it reads, the rest is free.
 EVAL_ONLY_MUST_MATCH = ("env", "model_name", "env_preset")
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -337,7 +339,7 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch.load raises many types on a damaged file (zip, pickle, EOF, ...)
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         raise BadInput(
             f"--resume: the checkpoint {path} cannot be read ({reason}); resume from an intact copy of it, or start "
             "the run again"
@@ -433,7 +435,7 @@ class Run:
         if self.eval_only:
             names = [k for k in EVAL_ONLY_MUST_MATCH if k in args]
         else:
-            names = [k for k in args if k not in RESUME_MAY_CHANGE + _RECORDING_FLAGS]
+            names = [k for k in args if k not in RESUME_MAY_CHANGE + _RECORDING_FLAGS + _DERIVED_FIELDS]
         differ = [k for k in names if k in stored and _config_value(args[k]) != stored[k]]
         if differ:
             listed = ", ".join(f"{flag_name(k)} {_config_value(args[k])} (the run's: {stored[k]})" for k in differ)

@@ -183,6 +183,7 @@ def test_resume_with_other_flags_is_refused(repo_root, monkeypatch, tmp_path, ba
     for named in ("--reward-mode outcome (the run's: swap)", "--group-size 3 (the run's: 2)", "--learning-rate 0.001"):
         assert named in message
     assert "--num-iterations" not in message.split("(only")[0]  # a run may be extended
+    assert "--num-policy-rollouts" not in message  # derived from --group-size, which is named
     assert _snapshot(tmp_path) == before
     # the reverse: an outcome run resumed in swap mode (was a KeyError on the missing explorer)
     run_dir = _copy(base_runs["ppo"], tmp_path)
