@@ -604,7 +604,16 @@ def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device,
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """A non-finite loss, or weights that an optimiser step made non-finite: the update stops before using them."""
+
+
+def finite_weights(model: torch.nn.Module) -> bool:
+    """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
+    rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
+    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+    for p in model.parameters():
+        total += p.detach().float().square().sum()
+    return bool(torch.isfinite(total))
 
 
 def update(
@@ -662,6 +671,8 @@ def update(
                 trained_tokens += int(b["attention_mask"].sum())
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
             optimizer.step()
+            if not finite_weights(model):
+                raise NonFiniteLoss("an optimiser step made the weights non-finite")
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {
         "policy_loss": sums["policy_loss"] / n,
@@ -756,7 +767,23 @@ if __name__ == "__main__":
     if args.explorer_sync_every < 0:
         raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"webshop__{args.exp_name}__{args.seed}__{int(time.time())}"
-    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    # A mistake in the flags, the model, the env's data or the --resume run ends here, in one line, before any
+    # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
+    try:
+        run.check_args(
+            args,
+            at_least_one=(
+                "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
+                "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
+                "eval_batch_size", "checkpoint_every", *(["explorer_rollouts_per_task"] if swap else []),
+            ),
+            positive=("temperature", "max_grad_norm", "is_cap"),
+        )  # fmt: skip
+        models.check_model_name(args.model_name)
+        cenvs.check_backend("webshop", args.env_backend)
+        logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    except run.BadInput as err:
+        raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
 
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
@@ -811,7 +838,7 @@ if __name__ == "__main__":
 
     # Resume
     start_iteration, env_steps = 1, 0
-    modules = {"policy": policy, **({"explorer": explorer} if swap else {})}
+    modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
     optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
     if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
         modules, optimizers = {"policy": policy}, {}
@@ -955,11 +982,10 @@ if __name__ == "__main__":
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]
         except NonFiniteLoss as err:
-            # Keep the last good checkpoint; write one only if there is none yet (weights may already be damaged).
-            path = logger.checkpoint_dir / "latest.pt"
-            if not path.is_file():
-                path = save(iteration - 1)
-            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint in {path}") from None
+            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
+            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
         # LOGGING (training curve from the policy's own rollouts only)
         won = [float(t.won) for t in batch]

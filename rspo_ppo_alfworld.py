@@ -785,7 +785,16 @@ def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device,
 
 
 class NonFiniteLoss(RuntimeError):
-    pass
+    """A non-finite loss, or weights that an optimiser step made non-finite: the update stops before using them."""
+
+
+def finite_weights(model: torch.nn.Module) -> bool:
+    """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
+    rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
+    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
+    for p in model.parameters():
+        total += p.detach().float().square().sum()
+    return bool(torch.isfinite(total))
 
 
 def update(
@@ -865,6 +874,9 @@ def update(
             if n_values > 0:
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
                 critic_optimizer.step()
+            for name, m in (("policy", model), ("critic", critic)):
+                if not finite_weights(m):
+                    raise NonFiniteLoss(f"an optimiser step made the {name}'s weights non-finite")
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {
         "policy_loss": sums["policy_loss"] / n,
@@ -961,7 +973,26 @@ if __name__ == "__main__":
     if args.explorer_sync_every < 0:
         raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
-    logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    # A mistake in the flags, the models, the env's data or the --resume run ends here, in one line, before any
+    # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
+    try:
+        run.check_args(
+            args,
+            at_least_one=(
+                "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
+                "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
+                "num_eval_tasks", "eval_batch_size", "checkpoint_every",
+            ),
+            positive=("temperature", "vf_clip", "max_grad_norm", "is_cap"),
+            at_most_one=("gamma", "gae_lambda"),
+        )  # fmt: skip
+        models.check_model_name(args.model_name)
+        if args.critic_model_name is not None:
+            models.check_model_name(args.critic_model_name, flag="--critic-model-name")
+        cenvs.check_backend("alfworld", args.env_backend)
+        logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
+    except run.BadInput as err:
+        raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
 
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
@@ -1029,13 +1060,16 @@ if __name__ == "__main__":
     if swap:
         modules.update(explorer=explorer, explorer_critic=explorer_critic)
         optimizers.update(explorer=explorer_optimizer, explorer_critic=explorer_critic_optimizer)
+    if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
+        modules, optimizers = {"policy": policy}, {}
     if args.resume:
         state = logger.load_checkpoint(modules, optimizers)
         if not state:
             raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
         start_iteration = state["iteration"] + 1
         env_steps = state["extra"]["env_steps"]
-        buffer.load_state_dict(state["extra"]["buffer"])
+        if not args.eval_only:
+            buffer.load_state_dict(state["extra"]["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
     def save(iteration: int):
@@ -1174,8 +1208,10 @@ if __name__ == "__main__":
             update_s += time.perf_counter() - t0
             trained_tokens += pstats["trained_tokens"]
         except NonFiniteLoss as err:
-            path = save(iteration - 1)
-            raise SystemExit(f"non-finite loss at iteration {iteration} ({err}); checkpoint saved to {path}") from None
+            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
+            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
         # LOGGING (training curve from the policy's own rollouts only)
         outcome = [t.outcome_return for t in batch]

@@ -27,6 +27,16 @@ def make_env(env_name: str, backend: str = "embedded", **options):
     return env_module(env_name).make_env(backend=backend, **options)
 
 
+def check_backend(env_name: str, backend: str) -> None:
+    """BadInput (one line: what is missing and what to do) when `backend` cannot start here: the real backends
+    need their package and data installed. Cheap, so that a script can check before it writes anything."""
+    from common.run import BadInput
+
+    problem = env_module(env_name).real_backend_problem() if backend == "real" else None
+    if problem:
+        raise BadInput(f"--env-backend {backend}: {problem}, or use --env-backend embedded")
+
+
 def split_seeds(env_name: str, split: str, n: int, backend: str = "embedded") -> list[int]:
     """The first n task seeds of `split` (webshop: "train" | "test"; alfworld: "train" | "valid_seen" |
     "valid_unseen")."""

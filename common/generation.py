@@ -7,11 +7,15 @@ first `</action>` (the end of a turn in this project's response format) or at th
 
 from __future__ import annotations
 
+import itertools
 import os
+import weakref
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.utils.weak import WeakIdKeyDictionary
 from transformers import GenerationConfig, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
 STOP_STRING = "</action>"
@@ -184,13 +188,66 @@ class HFGenerator:
         return gens
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Weight-update counter: tells the vLLM generator when the weights it pushed into the engine are out of date
+# ---------------------------------------------------------------------------------------------------------------
+_update_numbers = itertools.count(1)
+_last_update: WeakIdKeyDictionary = WeakIdKeyDictionary()  # parameter -> number of the last update that changed it
+_loads_tracked: WeakIdKeyDictionary = WeakIdKeyDictionary()  # modules whose load_state_dict is recorded
+_optimizer_hook = None
+
+
+def mark_weights_updated(params) -> None:
+    """Record that `params` (a module's, or an iterable of parameters) changed: they get a fresh update number.
+
+    Optimizer steps, and loads into a module passed to `track_weight_updates`, are recorded without this call; call
+    it after changing weights any other way (a write through `.data`, a hand-written weight average).
+    """
+    if isinstance(params, torch.nn.Module):
+        params = params.parameters()
+    number = next(_update_numbers)
+    for p in params:
+        _last_update[p] = number
+
+
+def _mark_optimizer_params(optimizer, args, kwargs) -> None:
+    mark_weights_updated(p for group in optimizer.param_groups for p in group["params"])
+
+
+def _mark_loaded_module(module, incompatible_keys) -> None:
+    mark_weights_updated(module)
+
+
+def track_weight_updates(model: torch.nn.Module | None = None) -> None:
+    """Record, from now on, every optimizer step in this process and every `load_state_dict` into `model`.
+
+    A global optimizer step post-hook gives the stepped parameters a fresh update number, whatever the step does
+    inside: a fused AdamW writes the weights in one kernel and leaves the parameters' autograd version counters as
+    they were, so those cannot tell that the weights moved. A load-state-dict post-hook on `model` does the same
+    for loads (the explorer's sync to the policy, a resumed checkpoint). Each hook is installed once.
+    """
+    global _optimizer_hook
+    if _optimizer_hook is None:
+        _optimizer_hook = register_optimizer_step_post_hook(_mark_optimizer_params)
+    if model is not None and model not in _loads_tracked:
+        model.register_load_state_dict_post_hook(_mark_loaded_module)
+        _loads_tracked[model] = True
+
+
+def weights_version(model: torch.nn.Module) -> int:
+    """The number of the last recorded update of any of `model`'s parameters (0: none recorded)."""
+    return max((_last_update.get(p, 0) for p in model.parameters()), default=0)
+
+
 class VLLMGenerator:
     """Generation with vLLM's offline `LLM` engine on a GPU, sharing the device with training.
 
     The engine is created once from `model_path` (a folder written by save_pretrained, or a hub id in the local
-    cache). `generate(model, ...)` first copies `model`'s weights into the engine when they changed since the
-    last push (the policy and the explorer alternate; a parameter's in-place update bumps its version counter,
-    so a changed model is detected without comparing tensors). Log-probs are vLLM's processed log-probs:
+    cache). `generate(model, ...)` first copies `model`'s weights into the engine when the engine holds another
+    model's weights (the policy and the explorer alternate) or older ones: an explicit update counter
+    (`track_weight_updates`, `weights_version`) records every optimizer step and `load_state_dict` of the model,
+    so a change is detected without comparing tensors; weights changed in another way need
+    `mark_weights_updated(model)`. Log-probs are vLLM's processed log-probs:
     log softmax(logits / T) of the chosen token (top-p renormalised when top_p < 1).
     `gpu_memory_utilization` is the share of GPU memory the engine (weights + KV cache) may take;
     `sleep_between_calls` frees the engine's KV cache between rollouts (vLLM sleep mode) for the training step.
@@ -233,13 +290,21 @@ class VLLMGenerator:
             dtype=dtype,
             logprobs_mode="processed_logprobs",
         )
-        self._pushed: tuple | None = None
+        track_weight_updates()
+        self._pushed_model = None  # weakref to the model whose weights the engine holds
+        self._pushed_version: tuple | None = None
         if sleep_between_calls:
             self.llm.sleep(level=1)
 
     @staticmethod
-    def _fingerprint(model: torch.nn.Module) -> tuple:
-        return (id(model), sum(p._version for p in model.parameters()))
+    def _version(model: torch.nn.Module) -> tuple:
+        # The update counter, and the autograd version counters as a second signal: an in-place write under
+        # no_grad (not through .data) bumps those without going through an optimizer.
+        return (weights_version(model), sum(p._version for p in model.parameters()))
+
+    def _is_pushed(self, model: torch.nn.Module) -> bool:
+        held = self._pushed_model() if self._pushed_model is not None else None
+        return held is model and self._pushed_version == self._version(model)
 
     def push_weights(self, model: torch.nn.Module) -> None:
         """Copy `model`'s parameters into the engine (by name, through the vLLM model's load_weights)."""
@@ -250,7 +315,8 @@ class VLLMGenerator:
 
         self.llm.apply_model(load)
         self.llm.reset_prefix_cache()
-        self._pushed = self._fingerprint(model)
+        self._pushed_model = weakref.ref(model)
+        self._pushed_version = self._version(model)
 
     def generate(
         self,
@@ -266,7 +332,8 @@ class VLLMGenerator:
             return []
         if self.sleep_between_calls:
             self.llm.wake_up()
-        if self._fingerprint(model) != self._pushed:
+        track_weight_updates(model)
+        if not self._is_pushed(model):
             self.push_weights(model)
         greedy = greedy or temperature <= 0
         params = self.vllm.SamplingParams(

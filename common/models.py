@@ -34,6 +34,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from common import envs as cenvs
 from common.prompts import build_prompt, encode_prompt, format_response, parse_action
+from common.run import BadInput
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m"
@@ -123,6 +124,40 @@ def load_model(
         path = model_name
     model, tokenizer = _load_pretrained(path)
     return model.to(device=device, dtype=dtype), tokenizer
+
+
+def check_model_name(model_name: str, flag: str = "--model-name") -> None:
+    """BadInput (one line: what is missing and what to do) unless load_model can find `model_name` without a
+    download: "tiny", "smollm2-135m" with its package installed, a local model folder, or a model in the local
+    Hugging Face cache. Cheap: nothing is loaded, so a script can check before it writes anything."""
+    if is_tiny(model_name):
+        return
+    if model_name == SMOLLM2:
+        try:
+            _smollm2_gguf()
+        except RuntimeError as e:
+            raise BadInput(f"{flag} {model_name}: {e}") from None
+        return
+    path = pathlib.Path(model_name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise BadInput(f"{flag} {model_name}: the folder has no config.json (give a save_pretrained folder)")
+        return
+    if path.exists() or model_name.startswith(("/", ".", "~")) or model_name.count("/") > 1:
+        raise BadInput(f"{flag} {model_name}: no such model folder (give a folder written by save_pretrained)")
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(model_name, "config.json")
+    except ValueError:  # not a valid Hugging Face id
+        cached = None
+    if not isinstance(cached, str):
+        hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+        raise BadInput(
+            f"{flag} {model_name}: neither {TINY!r}, {SMOLLM2!r}, a local folder, nor a model in the local Hugging "
+            f"Face cache ({hub}); nothing is downloaded at run time: run `huggingface-cli download {model_name}` "
+            "where there is a network (and copy the cache here), or give a local folder"
+        )
 
 
 def _load_pretrained(name_or_path: str | os.PathLike):

@@ -209,8 +209,11 @@ def parse_action(text: str, admissible: list[str] | None = None) -> tuple[str, b
     action = text[start + len(ACTION_OPEN) : end].strip()
     if not action:
         return "", False
-    if admissible and action.isascii() and action.isdigit() and 1 <= int(action) <= len(admissible):
-        action = admissible[int(action) - 1]
+    digits = action.lstrip("0") or "0"
+    # The length test comes first: int() refuses strings of more than 4,300 digits (Python's str-to-int limit).
+    if admissible and action.isascii() and action.isdigit() and len(digits) <= len(str(len(admissible))):
+        if 1 <= int(digits) <= len(admissible):
+            action = admissible[int(digits) - 1]
     return action, True
 
 

@@ -31,6 +31,66 @@ import torch
 
 CHECKPOINT_NAME = "latest.pt"
 _REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
+# Flags that may differ from the run's config.json on --resume: a run may be extended, and where and whether it is
+# also recorded (wandb) does not change the experiment. Every other flag must be the run's own.
+RESUME_MAY_CHANGE = ("num_iterations", "total_env_steps")
+_RECORDING_FLAGS = ("resume", "eval_only", "runs_dir", "track", "wandb_project_name", "wandb_entity")
+# The scripts' "to be filled in runtime" fields: they differ only where the flags they come from do.
+_DERIVED_FIELDS = ("num_policy_rollouts", "num_explorer_rollouts")
+# --eval-only reads only the policy: these must match the run whose checkpoint it reads, the rest is free.
+EVAL_ONLY_MUST_MATCH = ("env", "model_name", "env_preset")
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A user's mistakes
+# ---------------------------------------------------------------------------------------------------------------
+class BadInput(Exception):
+    """A mistake in the command line, or something it names that is missing or unusable (a model, env data, a run
+    folder, a checkpoint). The message is one line that names the thing and what to do; the scripts exit with it
+    (no traceback) before writing any file."""
+
+
+class MissingCheckpoint(BadInput, FileNotFoundError):
+    """--resume names no readable checkpoint."""
+
+
+def flag_name(field: str) -> str:
+    """The command-line spelling of an Args field: num_eval_tasks -> --num-eval-tasks."""
+    return "--" + field.replace("_", "-")
+
+
+def check_args(
+    args,
+    *,
+    at_least_one: Iterable[str] = (),
+    positive: Iterable[str] = (),
+    at_most_one: Iterable[str] = (),
+    signed: Iterable[str] = ("seed",),
+) -> None:
+    """Raise BadInput naming the first flag of `args` (a dataclass) that no run can use.
+
+    Every number must be finite in float32 (nan, inf and 1e40 are not: each float flag ends up in float32
+    arithmetic) and not negative (except the fields in `signed`); the fields in `at_least_one` (counts and sizes)
+    must be >= 1, those in `positive` > 0, those in `at_most_one` <= 1. None (an unset optional flag) passes.
+    """
+    for field in dataclasses.fields(args):
+        v = getattr(args, field.name)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if isinstance(v, float) and not (math.isfinite(v) and abs(v) <= _FLOAT32_MAX):
+            raise BadInput(f"{flag_name(field.name)} {v}: must be a finite number (at most {_FLOAT32_MAX:.3g})")
+        if v < 0 and field.name not in signed:
+            raise BadInput(f"{flag_name(field.name)} {v}: must be >= 0")
+    for rule, names, ok in (
+        (">= 1", at_least_one, lambda v: v >= 1),
+        ("> 0", positive, lambda v: v > 0),
+        ("<= 1", at_most_one, lambda v: v <= 1),
+    ):
+        for name in names:
+            v = getattr(args, name)
+            if v is not None and not ok(v):
+                raise BadInput(f"{flag_name(name)} {v}: must be {rule}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -251,16 +311,42 @@ def _set_rng_state(state: dict) -> None:
 
 
 def find_checkpoint(path: str | os.PathLike) -> pathlib.Path:
-    """The checkpoint file that `--resume PATH` names: a checkpoint file, a run folder, or its checkpoints/."""
+    """The checkpoint file that `--resume PATH` names: a checkpoint file, a run folder, or its checkpoints/.
+
+    MissingCheckpoint (a FileNotFoundError) with a one-line reason when there is none."""
     p = pathlib.Path(path).expanduser()
+    if not p.exists():
+        raise MissingCheckpoint(f"--resume {path}: no checkpoint found: there is no such run folder or file")
     candidates = [p] if p.is_file() else [p / "checkpoints" / CHECKPOINT_NAME, p / CHECKPOINT_NAME]
     for c in candidates:
         if c.is_file():
             return c.resolve()
-    raise FileNotFoundError(
+    if (p / "config.json").is_file():
+        raise MissingCheckpoint(
+            f"--resume {path}: no checkpoint found: the run stopped before its first checkpoint was saved; "
+            "start it again without --resume"
+        )
+    raise MissingCheckpoint(
         f"--resume {path}: no checkpoint found (give a run folder holding checkpoints/{CHECKPOINT_NAME}, "
         f"or a checkpoint file); looked at {', '.join(str(c) for c in candidates)}"
     )
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """The state saved by Run.save_checkpoint, read onto the CPU; BadInput naming the file when it cannot be read
+    (truncated by a full disk or an interrupted copy, or not a checkpoint). Checkpoints are pickles: read only
+    files you trust."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch.load raises many types on a damaged file (zip, pickle, EOF, ...)
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        raise BadInput(
+            f"--resume: the checkpoint {path} cannot be read ({reason}); resume from an intact copy of it, or start "
+            "the run again"
+        ) from e
+    if not isinstance(state, dict) or not {"iteration", "modules", "optimizers", "rng"} <= set(state):
+        raise BadInput(f"--resume: {path} is not a checkpoint written by these scripts")
+    return state
 
 
 def _run_dir_of(checkpoint: pathlib.Path) -> pathlib.Path:
@@ -301,6 +387,10 @@ class Run:
         self.eval_only = bool(getattr(args, "eval_only", False)) if eval_only is None else bool(eval_only)
         self.resume_checkpoint = find_checkpoint(resume) if resume else None
         self.resuming = self.resume_checkpoint is not None and not self.eval_only
+        # Everything --resume names is checked before any file is written or changed.
+        self._resume_state = read_checkpoint(self.resume_checkpoint) if self.resume_checkpoint else None
+        if self.resume_checkpoint is not None:
+            self._check_resumed_flags()
         if self.resuming:
             self.dir = _run_dir_of(self.resume_checkpoint)
         else:
@@ -331,6 +421,29 @@ class Run:
                     return d.resolve()
                 k += 1
                 d = runs_dir / f"{run_name}-{k}"
+
+    def _check_resumed_flags(self) -> None:
+        """BadInput naming the flags that differ from the resumed run's config.json (resuming: all but
+        RESUME_MAY_CHANGE and the recording flags; eval-only: EVAL_ONLY_MUST_MATCH). Flags that the run's config
+        does not hold (an older version's run) are not compared."""
+        config_path = _run_dir_of(self.resume_checkpoint) / "config.json"
+        try:
+            stored = json.loads(config_path.read_text(encoding="utf-8"))["args"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError):
+            return  # a checkpoint file outside a run folder: nothing to compare with
+        args = _args_dict(self.args)
+        if self.eval_only:
+            names = [k for k in EVAL_ONLY_MUST_MATCH if k in args]
+        else:
+            names = [k for k in args if k not in RESUME_MAY_CHANGE + _RECORDING_FLAGS + _DERIVED_FIELDS]
+        differ = [k for k in names if k in stored and _config_value(args[k]) != stored[k]]
+        if differ:
+            listed = ", ".join(f"{flag_name(k)} {_config_value(args[k])} (the run's: {stored[k]})" for k in differ)
+            may = " (only " + " and ".join(flag_name(k) for k in RESUME_MAY_CHANGE) + " may change)"
+            raise BadInput(
+                f"--resume {self.resume_checkpoint}: flags differ from the run's config.json: {listed}; "
+                f"give the run's own flags{'' if self.eval_only else may}, or start a new run without --resume"
+            )
 
     def _write_config(self) -> dict:
         entry = {
@@ -450,13 +563,14 @@ class Run:
         A module or optimiser asked for but missing from the checkpoint is a KeyError (None entries are skipped).
         Checkpoints are pickles: load only files you trust.
         """
-        path = self.resume_checkpoint
+        path, state = self.resume_checkpoint, self._resume_state
         if path is None:
             own = self.checkpoint_dir / CHECKPOINT_NAME
             if not own.is_file():
                 return {}
-            path = own
-        state = torch.load(path, map_location="cpu", weights_only=False)
+            path, state = own, read_checkpoint(own)
+        elif state is None:
+            state = read_checkpoint(path)
         for kind, wanted, stored in (
             ("module", modules, state["modules"]),
             ("optimizer", optimizers, state["optimizers"]),
@@ -471,6 +585,7 @@ class Run:
             if o is not None:
                 o.load_state_dict(state["optimizers"][k])
         _set_rng_state(state["rng"])
+        self._resume_state = None  # the modules hold it now: free the copy
         if self.resuming:
             self._truncate_metrics(state["iteration"])
         return {"iteration": int(state["iteration"]), "extra": state.get("extra", {})}
@@ -496,12 +611,17 @@ class Run:
 
 
 __all__ = (
+    "BadInput",
+    "MissingCheckpoint",
     "Run",
+    "check_args",
+    "flag_name",
     "find_checkpoint",
     "git_commit",
     "mean_ci95",
     "plot_learning_curve",
     "progress",
+    "read_checkpoint",
     "read_metrics",
     "seed_everything",
 )

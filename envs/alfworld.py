@@ -40,6 +40,7 @@ expert more than any failure of those tasks).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import re
@@ -248,6 +249,18 @@ def make_real_engine(game: dict | str):
     env = demangler(shuffle=False)(pddl_env(env_infos(admissible_commands=True, won=True, facts=True)))
     env.load(game)
     return env
+
+
+def real_backend_problem(data_path: str | None = None) -> str | None:
+    """Why backend="real" cannot start here, in one line (what is missing and what to run), or None. Cheap: it looks
+    for the packages and the games' folder without loading anything."""
+    missing = [m for m in ("alfworld", "textworld") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"the real ALFWorld backend needs {' and '.join(missing)}: pip install alfworld, then alfworld-download"
+    root = data_path or os.environ.get("ALFWORLD_DATA") or os.path.expanduser("~/.cache/alfworld")
+    if not os.path.isdir(os.path.join(os.path.expandvars(root), "json_2.1.1", "train")):
+        return f"no ALFWorld games under {root}/json_2.1.1: run alfworld-download (it fills $ALFWORLD_DATA)"
+    return None
 
 
 def find_games(split: str, data_path: str | None = None) -> list[str]:

@@ -20,6 +20,7 @@ Known differences of the embedded shop from the original:
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import re
 from dataclasses import dataclass, field
@@ -533,6 +534,17 @@ def make_env(
 
         return RealWebShopEnv(max_steps=max_steps, process_reward=process_reward, **options)
     raise ValueError(f"unknown WebShop backend {backend!r}; choose 'embedded' or 'real'")
+
+
+def real_backend_problem() -> str | None:
+    """Why backend="real" cannot start here, in one line, or None. Cheap: it only looks for the package (missing
+    product data is reported when the first env starts)."""
+    if importlib.util.find_spec("web_agent_site") is None:
+        return (
+            "the real WebShop backend needs princeton-nlp/WebShop's web_agent_site on PYTHONPATH: git clone "
+            "https://github.com/princeton-nlp/WebShop && cd WebShop && ./setup.sh -d all (see the README)"
+        )
+    return None
 
 
 def split_seeds(split: str, n: int, backend: str = "embedded") -> list[int]:

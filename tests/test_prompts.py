@@ -238,6 +238,16 @@ def test_parse_action_any_unicode(text):
         assert ok and wrapped == f"{text} look".strip()
 
 
+def test_parse_action_never_raises_on_a_long_number():
+    admissible = ["search[x]", "click[y]"]
+    # more digits than int() accepts (4,300): no ValueError, the answer stays text (the env finds it invalid)
+    long_number = "9" * 5000
+    assert parse_action(f"<action>{long_number}</action>", admissible) == (long_number, True)
+    assert parse_action(f"<action>{'0' * 5000}2</action>", admissible) == ("click[y]", True)
+    assert parse_action("<action>02</action>", admissible) == ("click[y]", True)
+    assert parse_action("<action>3</action>", admissible) == ("3", True)
+
+
 def test_format_response_round_trips_through_parse():
     for short in (False, True):
         resp = format_response("take apple 1 from countertop 1", short)

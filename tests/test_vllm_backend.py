@@ -82,3 +82,81 @@ def test_vllm_rollouts_run_on_the_weights_of_the_model_that_samples(script, repo
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     assert [m["iteration"] for m in metrics if "train/success_rate" in m] == [1, 2]
     assert all(torch.isfinite(torch.tensor(m["losses/policy_loss"])) for m in metrics if "losses/policy_loss" in m)
+
+
+@pytest.fixture
+def stand_in_engine(monkeypatch, tmp_path):
+    """The stand-in as `vllm` in this process for one test, logging to a file; returns (module, read_log)."""
+    module = _stand_in()
+    log = tmp_path / "engine.jsonl"
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    monkeypatch.setenv("VLLM_STAND_IN_LOG", str(log))
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    return module, lambda: [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _tokenizer_and_model():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    special = ["<|endoftext|>", "<|pad|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["<action>go to desk 1</action> click[buy now]"] * 4, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=special[0], pad_token=special[1])
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    return tokenizer, Qwen2ForCausalLM(config)
+
+
+def _sgd_like_step(model, prompt, optimizer):
+    ids = torch.tensor([prompt])
+    loss = -model(input_ids=ids).logits.float().log_softmax(-1)[0, :-1].gather(1, ids[0, 1:, None]).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+
+
+def test_weights_are_repushed_after_updates_that_leave_version_counters_unchanged(stand_in_engine, tmp_path):
+    """A fused AdamW step, a write through .data (marked by hand) and a load_state_dict each change the weights; the
+    next rollout must run on the new ones. The fused step leaves every parameter's autograd `_version` as it was,
+    so a generator that watches those counters samples it with stale weights. Unchanged weights are not re-pushed."""
+    from common import generation
+
+    module, read_log = stand_in_engine
+    tokenizer, model = _tokenizer_and_model()
+    gen = generation.make_generator("vllm", tokenizer, max_new_tokens=3, model=model, engine_dir=tmp_path / "engine")
+    prompt = tokenizer.encode("<action>go to desk 1</action>")
+
+    def rollout_digest() -> str:
+        gen.generate(model, [prompt])
+        return read_log()[-1]["digest"]
+
+    assert rollout_digest() == module.digest(model)
+    assert rollout_digest() == module.digest(model)
+    assert sum(e["event"] == "push" for e in read_log()) == 1  # same weights: pushed once
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    versions = [p._version for p in model.parameters()]
+    before = module.digest(model)
+    _sgd_like_step(model, prompt, optimizer)
+    assert [p._version for p in model.parameters()] == versions and module.digest(model) != before
+    assert rollout_digest() == module.digest(model)
+
+    for p in model.parameters():
+        p.data.mul_(0.5)
+    generation.mark_weights_updated(model)
+    assert rollout_digest() == module.digest(model)
+
+    other = _tokenizer_and_model()[1]
+    model.load_state_dict(other.state_dict())
+    assert rollout_digest() == module.digest(other)
+    assert sum(e["event"] == "push" for e in read_log()) == 4
