@@ -976,8 +976,6 @@ if __name__ == "__main__":
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
     if args.train_pool_size < args.tasks_per_iteration:
         raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
-    if args.explorer_sync_every < 0:
-        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     if args.similarity_thresh is not None and not 0.0 < args.similarity_thresh <= 1.0:
         raise SystemExit("--similarity-thresh must be in (0, 1]")
     run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"

@@ -764,8 +764,6 @@ if __name__ == "__main__":
         raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
     if not 0 < args.num_eval_tasks <= 500:
         raise SystemExit("--num-eval-tasks must be in 1..500 (WebShop's test goals 0-499)")
-    if args.explorer_sync_every < 0:
-        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"webshop__{args.exp_name}__{args.seed}__{int(time.time())}"
     # A mistake in the flags, the model, the env's data or the --resume run ends here, in one line, before any
     # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).

@@ -970,8 +970,6 @@ if __name__ == "__main__":
         raise SystemExit("--tasks-per-iteration, --group-size, --max-steps and --num-eval-tasks must be >= 1")
     if swap and args.explorer_rollouts_per_task < 1:
         raise SystemExit("--explorer-rollouts-per-task must be >= 1 in swap mode")
-    if args.explorer_sync_every < 0:
-        raise SystemExit("--explorer-sync-every must be >= 0 (0: never)")
     run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
     # A mistake in the flags, the models, the env's data or the --resume run ends here, in one line, before any
     # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).

@@ -4,9 +4,9 @@
     python benchmarks/gpu_check.py --cpu              # the same on the CPU in fp32 (--no-cuda), as the tests run it
     python benchmarks/gpu_check.py --scripts grpo ppo --tasks 4 --group-size 4    # a subset, larger groups
 
-The machine needs the Python packages the scripts need (torch, transformers, tyro, ...; no vLLM, no network) and
-the built tiny models: carry `.rspo_cache/` along with the working tree (RSPO_CACHE defaults to that folder here;
-a model missing from it is built, which takes minutes). Nothing is installed: missing packages are named, and
+The machine needs the Python packages the scripts need (torch, transformers, tyro, ...; no vLLM, no network); the
+default tiny models come with the working tree (tiny_models/; a model missing there is built into RSPO_CACHE,
+which takes minutes). Nothing is installed: missing packages are named, and
 the check stops.
 
 1. Log-probs: the tiny WebShop model generates responses to a few expert-turn prompts with common/generation.py's
@@ -251,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
             before = set(tiny.iterdir()) if tiny.is_dir() else set()
             start = time.perf_counter()
             folder = models.build_tiny(env_name, "small", 1)
-            how = "found in the cache" if folder in before else f"built now in {time.perf_counter() - start:.0f} s"
+            if folder.parent == models.COMMITTED_TINY_DIR:
+                how = "committed"
+            elif folder in before:
+                how = "found in the cache"
+            else:
+                how = f"built now in {time.perf_counter() - start:.0f} s"
             results.append({"check": f"tiny model ({env_name})", "ok": True, "detail": f"{how}: {folder.name}"})
         if a.logprob_prompts > 0:
             results += check_logprobs(device, a.logprob_prompts, a.max_new_tokens, a.temperatures, a.seed)

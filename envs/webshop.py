@@ -80,17 +80,20 @@ def hurried_action(expert_action: str, admissible: list[str]) -> str:
     return expert_action
 
 
-def careless_action(expert_action: str, admissible: list[str], rng: random.Random) -> str:
-    """What a careless shopper does where the expert would take `expert_action`: on a results page it opens a
-    product listed there at random (rng) instead of the one that matches the goal; on an item page it does what the
-    expert does (choose the goal's options, then buy) when that is the right product, and buys at once where the
-    expert would go back; anywhere else (the search page) it acts as the expert. The tiny model's warm start
-    imitates this shopper in a share of its episodes (`bc_careless_share` in common.models), so it starts poor at
-    *finding* the product, the part of the task that the misaligned process reward does pay for."""
-    if "click[buy now]" in admissible:
-        return "click[buy now]" if expert_action in _NAVIGATION else expert_action
-    products = [a for a in admissible if TINY_ANSWER_BY_NUMBER.fullmatch(a)]
-    return rng.choice(products) if products else expert_action
+def careless_action(env: WebShopEnv, rng: random.Random) -> str:
+    """What a careless shopper does in `env`'s current state: on a results page it opens a product listed there at
+    random (rng) instead of one that solves the goal; on an item page it chooses the goal's options that this
+    product offers, then buys (whatever the product); anywhere else (the search page) it acts as the expert. The
+    tiny model's warm start imitates this shopper in a share of its episodes (`bc_careless_share` in
+    common.models), so it starts poor at *finding* the product, the part of the task that the misaligned process
+    reward pays for."""
+    if env.page == "item":
+        for name, value in env._goal_options_offered(env.item).items():
+            if env.options.get(name) != value:
+                return f"click[{value}]"
+        return "click[buy now]"
+    products = [a for a in env.admissible_actions() if TINY_ANSWER_BY_NUMBER.fullmatch(a)]
+    return rng.choice(products) if products else env.expert_action()
 
 
 _ACTION_RE = re.compile(r"(.+)\[(.+)\]")  # WebShop's action syntax, matched from the start of the string
