@@ -58,7 +58,7 @@ class Args:
     max_steps: int | None = None
     """environment steps per episode (None: WebShop 15; ALFWorld 50, or 15 for the embedded small preset, whose
     expert needs at most 10)"""
-    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    process_reward: Literal["aligned", "misaligned"] = "misaligned"
     """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` forgets part of the
     task (WebShop: the goal's options; ALFWorld: the object's clean/hot/cool state), see envs/"""
     history_len: int = 2
@@ -134,11 +134,11 @@ class Args:
     """`agent_b`: a persistent explorer trained with GiGPO on the process reward on its own rollouts; `one_step`:
     re-copied from the policy every iteration and given one GiGPO step on the policy's batch before it plays
     (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
-    explorer_sync_every: int = 10
+    explorer_sync_every: int = 20
     """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
-    explorer_learning_rate: float | None = None
-    """explorer learning rate (None: --learning-rate)"""
-    explorer_update_epochs: int | None = None
+    explorer_learning_rate: float | None = 5e-4
+    """explorer learning rate (None: --learning-rate); agent B moves faster than the policy on the dense reward"""
+    explorer_update_epochs: int | None = 2
     """explorer update epochs (None: --update-epochs)"""
     off_policy_correction: Literal["tis", "none"] = "tis"
     """`tis`: weight explorer tokens by min(pi_old / pi_explorer, is_cap); `none`: weight 1"""

@@ -55,7 +55,7 @@ class Args:
     """embedded catalogue size: `small` for the tiny model on a CPU, `default` close to the original's"""
     max_steps: int = 15
     """environment steps per episode (WebShop's limit is 15)"""
-    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    process_reward: Literal["aligned", "misaligned"] = "misaligned"
     """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` ignores the goal's
     options, so a hurried purchase of the right product pays as much as the exact match (envs/webshop.py)"""
     history_len: int = 2
@@ -124,11 +124,11 @@ class Args:
     """`agent_b`: a persistent explorer trained with GRPO on the process reward on its own rollouts; `one_step`:
     re-copied from the policy every iteration and given one GRPO step on the policy's batch before it plays
     (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
-    explorer_sync_every: int = 10
+    explorer_sync_every: int = 20
     """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
-    explorer_learning_rate: Optional[float] = None
-    """explorer learning rate (None: --learning-rate)"""
-    explorer_update_epochs: Optional[int] = None
+    explorer_learning_rate: Optional[float] = 5e-4
+    """explorer learning rate (None: --learning-rate); agent B moves faster than the policy on the dense reward"""
+    explorer_update_epochs: Optional[int] = 2
     """explorer update epochs (None: --update-epochs)"""
     off_policy_correction: Literal["tis", "none"] = "tis"
     """`tis`: weight explorer tokens by min(pi_old / pi_explorer, is_cap); `none`: weight 1"""

@@ -57,7 +57,7 @@ class Args:
     max_steps: int = 15
     """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
     --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 15"""
-    process_reward: Literal["aligned", "misaligned"] = "aligned"
+    process_reward: Literal["aligned", "misaligned"] = "misaligned"
     """the env's dense reward: `aligned` pays the expert more than any failure of a clean/heat/cool task;
     `misaligned` forgets the object's state, so placing it unheated pays as much (envs/alfworld.py)"""
     history_len: int = 2
@@ -138,14 +138,14 @@ class Args:
     """`agent_b`: a persistent explorer trained with PPO (its own value head) on the process reward on its own
     rollouts; `one_step`: re-copied from the policy every iteration and given one PPO step on the policy's batch
     before it plays (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
-    explorer_sync_every: int = 10
+    explorer_sync_every: int = 20
     """agent_b: copy the policy's weights into the explorer every this many iterations (0: never; its value head
     is never copied)"""
-    explorer_learning_rate: Optional[float] = None
-    """explorer learning rate (None: --learning-rate)"""
+    explorer_learning_rate: Optional[float] = 2.5e-4
+    """explorer learning rate (None: --learning-rate); agent B moves faster than the policy on the dense reward"""
     explorer_critic_learning_rate: Optional[float] = None
     """learning rate of the explorer's value head (None: --critic-learning-rate)"""
-    explorer_update_epochs: Optional[int] = None
+    explorer_update_epochs: Optional[int] = 2
     """explorer update epochs (None: --update-epochs)"""
     off_policy_correction: Literal["tis", "none"] = "tis"
     """`tis`: weight explorer tokens by min(pi_old / pi_explorer, is_cap); `none`: weight 1"""
