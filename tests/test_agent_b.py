@@ -11,7 +11,7 @@ import pytest
 
 COMMON = [
     "--num-iterations", "2", "--tasks-per-iteration", "2", "--group-size", "1", "--explorer-rollouts-per-task", "3",
-    "--max-new-tokens", "12", "--train-pool-size", "4", "--num-eval-tasks", "2", "--eval-every", "0",
+    "--max-new-tokens", "32", "--train-pool-size", "4", "--num-eval-tasks", "2", "--eval-every", "0",
     "--no-eval-at-start", "--no-save-model", "--minibatch-tokens", "4096", "--micro-batch-tokens", "2048",
     "--reward-mode", "swap", "--explorer-sync-every", "0", "--explorer-learning-rate", "2e-3",
 ]  # fmt: skip
