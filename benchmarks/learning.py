@@ -94,13 +94,14 @@ def variant_flags(variant: str) -> list[str]:
 def jobs_for(pairs: list[str], seeds: int, secondary_seeds: int) -> list[tuple[str, str, int]]:
     """(pair, variant, seed) of every run: the main variants on every pair and seed, the secondary ones on
     SECONDARY_PAIRS with the first `secondary_seeds` seeds."""
-    jobs = [(pair, v, s) for pair in pairs for v in MAIN_VARIANTS for s in range(1, seeds + 1)]
+    # Seed by seed, so that a table stopped early holds whole seeds of every variant.
+    jobs = [(pair, v, s) for s in range(1, seeds + 1) for pair in pairs for v in MAIN_VARIANTS]
     jobs += [
         (pair, v, s)
+        for s in range(1, min(seeds, secondary_seeds) + 1)
         for pair in pairs
         if pair in SECONDARY_PAIRS
         for v in SECONDARY_VARIANTS
-        for s in range(1, min(seeds, secondary_seeds) + 1)
     ]
     return jobs
 

@@ -492,7 +492,7 @@ def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
 
 
 def test_rows_skip_empty_responses_and_keep_turn_indices():
-    a, b = _traj(0, ["x", "y", "z"], False), _traj(0, ["x"], True, sampled_by="explorer")
+    a, b = _traj(0, ["x", "y", "z"], False), gg.swap_rewards([_traj(0, ["x"], True, sampled_by="explorer")])[0]
     a.turns[1].response_ids, a.turns[1].behaviour_logprobs = [], []
     rows = gg.make_rows([a], off_policy=[False]) + gg.make_rows([b], off_policy=[True], turn_offset=3)
     assert [r.turn_index for r in rows] == [0, 2, 3]
