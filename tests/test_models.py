@@ -251,6 +251,17 @@ def test_tiny_expert_answers_product_codes_by_number():
     )
 
 
+def _webshop_episodes(turns):
+    """collect_expert_turns' WebShop turns cut into episodes (each ends with its purchase)."""
+    out, current = [], []
+    for turn in turns:
+        current.append(turn)
+        if turn[4] == "click[buy now]":
+            out.append(current)
+            current = []
+    return out
+
+
 def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes():
     """WebShop's hurried shopper buys on the item page where the expert picks an option; the warm start's data has
     it play about bc_hurried_share of the episodes, the same ones on every call; ALFWorld has no hurried player."""
@@ -270,14 +281,7 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
     mixed = models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
     assert mixed == models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
 
-    def episodes(turns):
-        out, current = [], []
-        for turn in turns:
-            current.append(turn)
-            if turn[4] == "click[buy now]":
-                out.append(current)
-                current = []
-        return out
+    episodes = _webshop_episodes
 
     # every episode ends with a purchase; a hurried one buys right after opening a product that has options
     exp_eps, mixed_eps = episodes(expert), episodes(mixed)
@@ -325,13 +329,7 @@ def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
     expert = models.collect_expert_turns("webshop", "small", seeds)
 
     def episodes(turns):
-        out, current = [], []
-        for turn in turns:
-            current.append(turn[4])
-            if turn[4] == "click[buy now]":
-                out.append(current)
-                current = []
-        return out
+        return [[t[4] for t in ep] for ep in _webshop_episodes(turns)]
 
     mixed_eps, expert_eps = episodes(mixed), episodes(expert)
     assert len(mixed_eps) == len(expert_eps) == len(seeds)
