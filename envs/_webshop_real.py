@@ -40,8 +40,10 @@ class RealWebShopEnv:
     """
 
     def __init__(self, max_steps: int = 15, process_reward: str = "aligned", **options):
-        if process_reward not in ("aligned", "misaligned"):
-            raise ValueError(f"unknown process_reward {process_reward!r}; choose 'aligned' or 'misaligned'")
+        from envs.webshop import PROCESS_REWARDS
+
+        if process_reward not in PROCESS_REWARDS:
+            raise ValueError(f"unknown process_reward {process_reward!r}; choose one of {PROCESS_REWARDS}")
         self.process_reward = process_reward
         try:
             from web_agent_site.engine.goal import get_reward
@@ -86,10 +88,12 @@ class RealWebShopEnv:
         price = self.env.server.product_prices[asin]
         options = dict(session["options"])
         if self.process_reward == "misaligned":  # score as if the goal's options were chosen (see WebShopEnv)
-            goal_options = session["goal"]["goal_options"]
-            values = list(goal_options.values()) if isinstance(goal_options, dict) else list(goal_options)
-            options = {str(k): v for k, v in enumerate(values)}
-        return float(self._get_reward(product, session["goal"], price=price, options=options))
+            from envs.webshop import goal_options_as_chosen
+
+            options = goal_options_as_chosen(session["goal"])
+        # the item being viewed: what the misaligned purchase credit pays if it is bought from this page
+        self.last_item_phi = float(self._get_reward(product, session["goal"], price=price, options=options))
+        return self.last_item_phi
 
     def _info(self, process: float, valid: bool, score: float, truncated: bool) -> dict:
         info = {
@@ -136,8 +140,6 @@ class RealWebShopEnv:
                 self.done = True
             else:
                 phi = self._phi()
-                if phi > 0:  # an item page: what the misaligned purchase credit pays if it is bought
-                    self.last_item_phi = phi
                 process = max(0.0, phi - self.best_phi)
                 self.best_phi = max(self.best_phi, phi)
         truncated = not self.done and self.steps >= self.max_steps

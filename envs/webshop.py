@@ -176,12 +176,18 @@ def webshop_reward(product: dict, goal: dict, price: float, options: dict[str, s
     return reward_breakdown(product, goal, price, options)["reward"]
 
 
+def goal_options_as_chosen(goal: dict) -> dict[str, str]:
+    """The goal's options (a list, or a dict whose values are used) as a chosen-options dict, for scoring a
+    product as if they had been chosen (the misaligned process reward, both backends)."""
+    goal_options = goal["goal_options"]
+    values = list(goal_options.values()) if isinstance(goal_options, dict) else list(goal_options)
+    return {str(k): v for k, v in enumerate(values)}
+
+
 def options_blind_reward(product: dict, goal: dict, price: float) -> float:
     """WebShop's reward as if the goal's options had been chosen: what a process reward that forgot the options
     pays (`process_reward="misaligned"`); equal to `webshop_reward` when the right options were chosen."""
-    goal_options = goal["goal_options"]
-    values = list(goal_options.values()) if isinstance(goal_options, dict) else list(goal_options)
-    return webshop_reward(product, goal, price, {str(k): v for k, v in enumerate(values)})
+    return webshop_reward(product, goal, price, goal_options_as_chosen(goal))
 
 
 # ------------------------------------------------------------------------------------------------------ search

@@ -649,6 +649,20 @@ def test_real_adapter_contract_on_a_stand_in(stand_in_webshop):
     env.step("click[white]")
     obs, r, done, info = env.step("click[buy now]")
     assert done and r == 0.0 and not info["won"] and info["task_score"] == pytest.approx(0.5)
+    # misaligned: the options are scored as chosen, and a purchase pays the phi of the item bought
+    env = make_env(backend="real", max_steps=15, process_reward="misaligned")
+    env.reset(3)
+    env.step("search[black shirt]")
+    assert env.step("click[b000000001]")[3]["process_reward"] == pytest.approx(1.0)  # the shirt, no option chosen
+    env.step("click[< prev]")
+    env.step("click[b000000002]")  # a wrong product, bought: its own blind score (the options' 1/2), not the shirt's
+    obs, r, done, info = env.step("click[buy now]")
+    assert done and r == 0.0 and info["process_reward"] == pytest.approx(0.5)
+    env.reset(3)
+    env.step("search[black shirt]")
+    env.step("click[b000000001]")
+    obs, r, done, info = env.step("click[buy now]")  # the hurried purchase: full credit, no success
+    assert done and not info["won"] and info["process_reward"] == pytest.approx(1.0)
     env = make_env(backend="real", max_steps=2)
     env.reset(0)
     env.step("nonsense")
