@@ -120,6 +120,7 @@ def check_logprobs(device, n_prompts: int, max_new_tokens: int, temperatures: li
     from common.generation import HFGenerator
     from common.prompts import encode_prompt
     from envs import webshop
+    from tiny_models import build as tiny_build
 
     precision = "bf16" if device.type == "cuda" else "fp32"
     tol = TOLERANCE[precision]
@@ -130,9 +131,9 @@ def check_logprobs(device, n_prompts: int, max_new_tokens: int, temperatures: li
 
     model, tokenizer = models.load_model("tiny", env_name="webshop", preset="small", seed=1, device=device)
     model.eval()
-    cfg = models.tiny_config("webshop")
+    cfg = tiny_build.tiny_config("webshop")
     goals = webshop.split_seeds("test", 2)
-    turns = models.collect_expert_turns("webshop", "small", goals)[:n_prompts]
+    turns = tiny_build.collect_expert_turns("webshop", "small", goals)[:n_prompts]
     prompts = [
         encode_prompt(
             tokenizer, task, obs, hist, adm, history_len=cfg["history_len"], short=True,
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from common import models
+    from tiny_models import build as tiny_build
 
     results: list[dict] = []
     cuda = not a.cpu
@@ -250,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         for env_name in sorted(env_names):
             before = set(tiny.iterdir()) if tiny.is_dir() else set()
             start = time.perf_counter()
-            folder = models.build_tiny(env_name, "small", 1)
-            if folder.parent == models.COMMITTED_TINY_DIR:
+            folder = tiny_build.build_tiny(env_name, "small", 1)
+            if folder.parent == tiny_build.COMMITTED_TINY_DIR:
                 how = "committed"
             elif folder in before:
                 how = "found in the cache"

@@ -58,6 +58,7 @@ import torch  # noqa: E402
 import rspo_grpo_webshop as grpo  # noqa: E402
 from common import envs as cenvs  # noqa: E402
 from common import generation, models  # noqa: E402
+from tiny_models import build as tiny_build  # noqa: E402
 
 SCALES = (1, 2, 4)
 
@@ -187,7 +188,7 @@ class Bench:
         head = self.policy.get_output_embeddings()
         self.n_head = head.in_features * head.out_features
         self.max_prompt_tokens = min(
-            models.TINY_CONFIG["max_prompt_tokens"], cfg.max_position_embeddings - args.max_new_tokens
+            tiny_build.TINY_CONFIG["max_prompt_tokens"], cfg.max_position_embeddings - args.max_new_tokens
         )
         self.train_seeds = cenvs.split_seeds("webshop", "train", 4 * max(1, args.envs // args.group_size) * 4)
         self.initial_state = {k: v.clone() for k, v in self.policy.state_dict().items()}

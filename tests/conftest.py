@@ -55,7 +55,7 @@ def tiny_models() -> None:
     file lock in build_tiny runs one build at a time (WebShop's uses both cores): the other xdist worker waits
     for, then reuses, the models.
     """
-    from common.models import build_tiny
+    from tiny_models.build import build_tiny
 
     for env_name in ("webshop", "alfworld"):
         build_tiny(env_name, "small", 1)

@@ -1,8 +1,10 @@
-"""Model loading (local folders, offline hub ids, smollm2-135m), the critic, and the tiny model's tokenizer."""
+"""Model loading (local folders, offline hub ids, smollm2-135m), the critic, and the tiny model's builder."""
 
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,8 +12,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from common import models
 from common.generation import HFGenerator
-from common.models import Critic, build_critic, is_tiny, load_model, train_tiny_tokenizer
+from common.models import Critic, build_critic, is_tiny, load_model
 from common.prompts import format_response, parse_action
+from tiny_models import build as tiny_build
+from tiny_models.build import train_tiny_tokenizer
 
 TEXTS = [
     "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you see a "
@@ -188,7 +192,7 @@ def test_smollm2_loads_offline_and_generates(tmp_path):
 
 
 SMALL_TINY = dict(
-    models.TINY_CONFIG,
+    tiny_build.TINY_CONFIG,
     vocab_size=600,
     hidden_size=32,
     intermediate_size=64,
@@ -214,7 +218,9 @@ def test_behaviour_cloning_is_deterministic_and_learns(small_tokenizer):
     def run():
         model = small_model(small_tokenizer, seed=3)
         losses = list(
-            models.behaviour_clone(model, examples, steps=12, batch_size=2, learning_rate=3e-3, warmup_steps=2, seed=7)
+            tiny_build.behaviour_clone(
+                model, examples, steps=12, batch_size=2, learning_rate=3e-3, warmup_steps=2, seed=7
+            )
         )
         return model, losses
 
@@ -225,27 +231,27 @@ def test_behaviour_cloning_is_deterministic_and_learns(small_tokenizer):
 
 
 def test_bc_learning_rate_warms_up_then_decays_to_its_floor():
-    lr = [models.bc_learning_rate(k, 100, 1e-3, 10, 0.05) for k in range(100)]
+    lr = [tiny_build.bc_learning_rate(k, 100, 1e-3, 10, 0.05) for k in range(100)]
     assert lr[0] == pytest.approx(1e-4) and lr[9] == pytest.approx(
         1e-3 * (0.05 + 0.95 * 0.5 * (1 + math.cos(0.09 * math.pi)))
     )
     assert max(lr) <= 1e-3 and all(a >= b for a, b in zip(lr[9:], lr[10:]))  # monotone after the warm-up
     assert lr[50] == pytest.approx(1e-3 * (0.05 + 0.95 * 0.5))
-    assert models.bc_learning_rate(100, 100, 1e-3, 10, 0.05) == pytest.approx(5e-5)
-    assert {models.bc_learning_rate(k, 100, 1e-3, 1, 1.0) for k in range(100)} == {1e-3}  # ratio 1: constant
+    assert tiny_build.bc_learning_rate(100, 100, 1e-3, 10, 0.05) == pytest.approx(5e-5)
+    assert {tiny_build.bc_learning_rate(k, 100, 1e-3, 1, 1.0) for k in range(100)} == {1e-3}  # ratio 1: constant
 
 
 def test_tiny_expert_answers_product_codes_by_number():
     from envs import alfworld, webshop
 
     adm = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]", "click[b0u43ilmdf]"]
-    assert models.tiny_expert_answer(webshop, "click[b0u43ilmdf]", adm) == "4"
-    assert models.tiny_expert_answer(webshop, "click[next >]", adm) == "click[next >]"
-    assert models.tiny_expert_answer(webshop, "click[hazelnut]", ["click[hazelnut]"]) == "click[hazelnut]"
-    assert models.tiny_expert_answer(webshop, "search[red mug]", ["search[<query>]"]) == "search[red mug]"
-    assert models.tiny_expert_answer(alfworld, "go to desk 1", ["look", "go to desk 1"]) == "go to desk 1"
+    assert tiny_build.tiny_expert_answer(webshop, "click[b0u43ilmdf]", adm) == "4"
+    assert tiny_build.tiny_expert_answer(webshop, "click[next >]", adm) == "click[next >]"
+    assert tiny_build.tiny_expert_answer(webshop, "click[hazelnut]", ["click[hazelnut]"]) == "click[hazelnut]"
+    assert tiny_build.tiny_expert_answer(webshop, "search[red mug]", ["search[<query>]"]) == "search[red mug]"
+    assert tiny_build.tiny_expert_answer(alfworld, "go to desk 1", ["look", "go to desk 1"]) == "go to desk 1"
     # The short prompt's parser turns the number back into the expert's action.
-    assert parse_action(format_response(models.tiny_expert_answer(webshop, adm[2], adm), short=True), adm) == (
+    assert parse_action(format_response(tiny_build.tiny_expert_answer(webshop, adm[2], adm), short=True), adm) == (
         adm[2],
         True,
     )
@@ -277,9 +283,9 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
     assert alfworld.hurried_action is None
 
     seeds = list(webshop.split_seeds("train", 200))
-    expert = models.collect_expert_turns("webshop", "small", seeds)
-    mixed = models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
-    assert mixed == models.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
+    expert = tiny_build.collect_expert_turns("webshop", "small", seeds)
+    mixed = tiny_build.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
+    assert mixed == tiny_build.collect_expert_turns("webshop", "small", seeds, hurried_share=0.35)
 
     episodes = _webshop_episodes
 
@@ -294,10 +300,11 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
         assert not webshop.TINY_ANSWER_BY_NUMBER.fullmatch(exp_eps[i][len(mixed_eps[i]) - 1][4])  # an option click
     # ALFWorld's data does not change with the share
     a_seeds = list(alfworld.split_seeds("train", 20))
-    assert models.collect_expert_turns("alfworld", "small", a_seeds, 0.35) == models.collect_expert_turns(
+    assert tiny_build.collect_expert_turns("alfworld", "small", a_seeds, 0.35) == tiny_build.collect_expert_turns(
         "alfworld", "small", a_seeds
     )
-    assert models.tiny_config("webshop")["bc_hurried_share"] > 0 == models.tiny_config("alfworld")["bc_hurried_share"]
+    hurried_share = {e: tiny_build.tiny_config(e)["bc_hurried_share"] for e in ("webshop", "alfworld")}
+    assert hurried_share["webshop"] > 0 == hurried_share["alfworld"]
 
 
 def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
@@ -324,9 +331,9 @@ def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
     assert webshop.careless_action(env, rng) == "click[buy now]"
 
     seeds = list(webshop.split_seeds("train", 200))
-    mixed = models.collect_expert_turns("webshop", "small", seeds, careless_share=0.5)
-    assert mixed == models.collect_expert_turns("webshop", "small", seeds, careless_share=0.5)
-    expert = models.collect_expert_turns("webshop", "small", seeds)
+    mixed = tiny_build.collect_expert_turns("webshop", "small", seeds, careless_share=0.5)
+    assert mixed == tiny_build.collect_expert_turns("webshop", "small", seeds, careless_share=0.5)
+    expert = tiny_build.collect_expert_turns("webshop", "small", seeds)
 
     def episodes(turns):
         return [[t[4] for t in ep] for ep in _webshop_episodes(turns)]
@@ -347,7 +354,7 @@ def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
     # the rest happened to open another product that solves the goal: about a third of the listed ones do
     assert failed > 0.5 * len(changed)
     # careless and hurried: a random product bought at once
-    both = episodes(models.collect_expert_turns("webshop", "small", seeds, hurried_share=1.0, careless_share=1.0))
+    both = episodes(tiny_build.collect_expert_turns("webshop", "small", seeds, hurried_share=1.0, careless_share=1.0))
     assert all(len(ep) == 3 for ep in both)
 
 
@@ -359,12 +366,12 @@ def test_response_loss_equals_the_full_head_loss(small_tokenizer):
     labels = torch.full_like(ids, -100)
     labels[0, 4:7], labels[1, 2:9], labels[2, 8] = ids[0, 4:7], ids[1, 2:9], ids[2, 8]
     full = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-    torch.testing.assert_close(models.response_loss(model, ids, mask, labels), full)
+    torch.testing.assert_close(tiny_build.response_loss(model, ids, mask, labels), full)
 
 
 def test_bc_batches_cover_each_epoch_once_with_little_padding():
     examples = [([1] * n, [2, 3]) for n in torch.randint(5, 200, (256,), generator=torch.Generator().manual_seed(0))]
-    batches = models._bc_batches(examples, 8, torch.Generator().manual_seed(1))
+    batches = tiny_build._bc_batches(examples, 8, torch.Generator().manual_seed(1))
     seen, padding = [], 0
     for _ in range(len(examples) // 8):
         ids, mask, labels = next(batches)
@@ -379,7 +386,7 @@ def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    path = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
+    path = tiny_build.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
     assert torch.equal(torch.rand(3), expected)  # the build did not consume the caller's random numbers
     report = json.loads((path / "warmstart.json").read_text())
     assert report["warm_start"] and report["bc_steps"] in (2, 4) and 0.0 <= report["success"] <= 1.0
@@ -391,7 +398,7 @@ def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(3 - min(threads, 2))  # 1 <-> 2
     try:
-        other = models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "b"), config=SMALL_TINY)
+        other = tiny_build.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "b"), config=SMALL_TINY)
         assert torch.get_num_threads() == 3 - min(threads, 2)
     finally:
         torch.set_num_threads(threads)
@@ -399,10 +406,10 @@ def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
     m2, _ = load_model(str(other))
     assert all(torch.equal(x, y) for x, y in zip(m1.state_dict().values(), m2.state_dict().values()))
     mtime = (path / "warmstart.json").stat().st_mtime
-    assert models.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY) == path
+    assert tiny_build.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path / "a"), config=SMALL_TINY) == path
     assert (path / "warmstart.json").stat().st_mtime == mtime
     # another seed is another model
-    seed2 = models.build_tiny("alfworld", "small", 2, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
+    seed2 = tiny_build.build_tiny("alfworld", "small", 2, cache_dir=str(tmp_path / "a"), config=SMALL_TINY)
     assert seed2 != path
     # the saved tokenizer is the trained one: round trip on env text, action tags single tokens
     text = "You arrive at countertop 1. On the countertop 1, you see a apple 2. <action>go to fridge 1</action>"
@@ -412,11 +419,11 @@ def test_tiny_build_is_cached_deterministic_and_keeps_rng(tmp_path):
 
 
 def test_untrained_tiny_and_unknown_env(tmp_path):
-    path = models.build_tiny("webshop", "small", 1, cache_dir=str(tmp_path), warm_start=False, config=SMALL_TINY)
+    path = tiny_build.build_tiny("webshop", "small", 1, cache_dir=str(tmp_path), warm_start=False, config=SMALL_TINY)
     report = json.loads((path / "warmstart.json").read_text())
     assert report["warm_start"] is False and report["bc_steps"] == 0
     with pytest.raises(ValueError, match="unknown env"):
-        models.build_tiny("minigrid", cache_dir=str(tmp_path), config=SMALL_TINY)
+        tiny_build.build_tiny("minigrid", cache_dir=str(tmp_path), config=SMALL_TINY)
 
 
 @pytest.mark.slow
@@ -425,7 +432,7 @@ def test_tiny_warm_start_reaches_its_band(env_name):
     model, tok = load_model("tiny", env_name=env_name, preset="small", seed=1)
     report = json.loads((models.pathlib.Path(model.name_or_path) / "warmstart.json").read_text())
     assert 5e5 <= report["parameters"] <= 5e6
-    low, high = models.TINY_CONFIG["success_band"]
+    low, high = tiny_build.TINY_CONFIG["success_band"]
     assert low <= report["success"] <= high, report["evaluations"]
 
 
@@ -433,10 +440,18 @@ def test_tiny_warm_start_reaches_its_band(env_name):
 def test_default_tiny_models_are_the_committed_ones(env_name, tmp_path):
     """The scripts' default tiny models load from tiny_models/ (the same weights on every machine): the committed
     folder carries the hash of today's config and texts, so a change of either without a rebuild fails here."""
-    path = models.build_tiny(env_name, "small", 1, cache_dir=str(tmp_path))
-    assert path.parent == models.COMMITTED_TINY_DIR and (path / "model.safetensors").is_file()
+    path = tiny_build.build_tiny(env_name, "small", 1, cache_dir=str(tmp_path))
+    assert path.parent == tiny_build.COMMITTED_TINY_DIR and (path / "model.safetensors").is_file()
     assert not (tmp_path / "tiny").exists()  # nothing was built
     report = json.loads((path / "warmstart.json").read_text())
     assert report["env"] == env_name and report["seed"] == 1 and report["in_band"]
     model, tokenizer = models.load_model("tiny", env_name=env_name, cache_dir=str(tmp_path))
     assert model.name_or_path == str(path) and tokenizer.pad_token_id is not None
+
+
+def test_build_command_prints_the_committed_folder_without_building(repo_root, tmp_path):
+    cmd = [sys.executable, "-m", "tiny_models.build", "--env", "alfworld", "--seed", "1", "--cache-dir", str(tmp_path)]
+    out = subprocess.run(cmd, cwd=repo_root, capture_output=True, text=True, check=True, timeout=300).stdout
+    path = tiny_build.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path))
+    assert out.splitlines() == [str(path)] and path.parent == tiny_build.COMMITTED_TINY_DIR
+    assert not any(tmp_path.iterdir())  # nothing was built

@@ -257,7 +257,7 @@ def test_format_response_round_trips_through_parse():
 
 
 def test_action_token_mask_marks_the_tokens_inside_the_last_action():
-    from common.models import train_tiny_tokenizer
+    from tiny_models.build import train_tiny_tokenizer
 
     corpus = ["<think>the next step</think> click[buy now] search[red shoes] <action>3</action>"] * 20
     tok = train_tiny_tokenizer(corpus, vocab_size=300)

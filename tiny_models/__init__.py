@@ -1,0 +1,1 @@
+"""The default tiny models (committed folders) and their builder, build.py."""
