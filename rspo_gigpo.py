@@ -17,6 +17,7 @@ import random
 import sys
 import time
 from collections import deque
+from collections.abc import Hashable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Literal
@@ -198,27 +199,36 @@ def _members(keys: list) -> dict:
 
 
 def compute_grpo_advantages(
-    returns: torch.Tensor, group_ids, norm_by_std: bool = True, eps: float = 1e-6
+    returns: torch.Tensor | Sequence[float],
+    group_ids: torch.Tensor | Sequence[Hashable],
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
-    """GRPO advantage of each row against the other rows of its group.
+    """GRPO advantage of each row (a trajectory) from its group's return statistics.
 
-    returns: [N] float, one return per row; group_ids: N hashable values or an [N] integer tensor.
-    A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), std unbiased (torch.std default);
-    norm_by_std=False drops the division. A singleton group gives A = R (mean 0, std 1). Returns [N].
+    returns: [N] one return per row (a float tensor keeps its dtype, anything else becomes float32); group_ids:
+    N hashable values or an [N] integer tensor; rows with equal ids form a group, each row counts once.
+    A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), std unbiased (torch.std's default);
+    norm_by_std=False drops the division. A singleton group has mean 0 and std 1 (A = R). Returns [N].
     """
-    returns = returns.float()
-    adv = torch.empty_like(returns)
-    for idx in _members(_keys(group_ids)).values():
-        idx_t = torch.tensor(idx, device=returns.device)
-        r = returns[idx_t]
-        if len(idx) == 1:
-            adv[idx_t] = r
-            continue
-        a = r - r.mean()
-        if norm_by_std:
-            a = a / (r.std() + eps)
-        adv[idx_t] = a
-    return adv
+    returns = torch.as_tensor(returns)
+    returns = returns.float() if not torch.is_floating_point(returns) else returns
+    ids = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    if returns.dim() != 1 or len(ids) != returns.shape[0]:
+        raise ValueError(f"returns must be 1-D with one group id each, got {tuple(returns.shape)} and {len(ids)} ids")
+    index: dict[Hashable, int] = {}
+    inverse = torch.tensor([index.setdefault(g, len(index)) for g in ids], dtype=torch.long, device=returns.device)
+    counts = torch.bincount(inverse, minlength=len(index)).to(returns.dtype)
+    mean = torch.zeros(len(index), dtype=returns.dtype, device=returns.device).index_add_(0, inverse, returns) / counts
+    sq_dev = torch.zeros_like(mean).index_add_(0, inverse, (returns - mean[inverse]) ** 2)
+    std = torch.sqrt(sq_dev / (counts - 1).clamp(min=1))
+    singleton = counts == 1
+    mean = torch.where(singleton, torch.zeros_like(mean), mean)
+    advantages = returns - mean[inverse]
+    if norm_by_std:
+        denom = torch.where(singleton, torch.ones_like(std), std + eps)
+        advantages = advantages / denom[inverse]
+    return advantages
 
 
 def compute_episode_advantages(
@@ -367,10 +377,12 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
 
-    input_ids, attention_mask: [B, T] (any padding side: position ids follow the attention mask, as in
-    generation with left padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None, float32. With
-    response_mask [B, T-1] (bool), the LM head and the softmax run only where it is True and the other positions
-    are 0: the losses read response tokens only, a few percent of a multi-turn row (same numbers where True).
+    input_ids, attention_mask: [B, T], either padding side: position ids follow the attention mask (as in
+    generation with left padding; with right padding they are the model's default 0, 1, ... on the real tokens).
+    Returns logprobs [B, T-1] and entropy H = log Z - sum_v p_v z_v [B, T-1] or None, both float32 (position t
+    predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax run only where it is True
+    and the other positions are 0: the losses read response tokens only, a few percent of a multi-turn row, so
+    this skips most of the vocabulary-sized work (the same numbers where the mask is True).
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
@@ -402,12 +414,13 @@ def policy_loss(
     clip_coef: float = 0.2,
     dual_clip: float = 3.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Clipped surrogate with dual clip, weighted by (detached) importance weights, summed over response tokens.
+    """Clipped surrogate with dual clip, weighted by (detached) importance weights; summed over response tokens.
 
-    logprobs, old_logprobs, response_mask (bool), is_weights: [B, T]; advantages: [B], [B, 1] or [B, T].
+    logprobs, old_logprobs, response_mask (bool or 0/1), is_weights: [B, T]; advantages: [B] or [B, 1] (a turn's
+    advantage on all its tokens) or [B, T] (per token, e.g. token GAE).
     r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A)
-    (dual clip, c = dual_clip > 1; 0 disables it); token loss = w * l. Returns (sum of token losses over the
-    mask, number of masked tokens where the clipped term was taken); the caller divides the sum by the
+    (dual clip, c = dual_clip; c <= 1 switches it off); token loss = w * l. Returns (sum of token losses over the
+    mask, number of masked tokens where the clipped term was taken). The caller divides the sum by the
     minibatch's response-token count (token-mean, unchanged by gradient accumulation).
     """
     if advantages.dim() == 1:
@@ -425,7 +438,7 @@ def policy_loss(
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(pi || pi_ref) from samples of pi: exp(ref - lp) - (ref - lp) - 1 (>= 0)."""
+    """k3 estimator of KL(pi || pi_ref) per token: exp(ref - lp) - (ref - lp) - 1 (>= 0, unbiased on pi's samples)."""
     log_ratio = ref_logprobs - logprobs
     return torch.exp(log_ratio) - log_ratio - 1.0
 
@@ -435,8 +448,9 @@ def truncated_importance_weights(
 ) -> torch.Tensor:
     """w = min(pi_old / pi_behaviour, cap) = min(exp(old - behaviour), cap) per token, detached.
 
-    old_logprobs, behaviour_logprobs: [B, T]; off_policy: None (all tokens) or a bool mask broadcastable to
-    [B, T] (rows sampled by another model); other tokens get w = 1 (the trained model's own samples).
+    old_logprobs, behaviour_logprobs: [B, T]; off_policy: a bool mask broadcastable to [B, T] ([B, T] or [B, 1]:
+    the rows sampled by another model), whose other tokens get w = 1 (the trained model's own samples), or None
+    (every token is weighted). Returns [B, T].
     """
     w = torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
     if off_policy is not None:
@@ -445,8 +459,9 @@ def truncated_importance_weights(
 
 
 def importance_weight_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Distribution of the weights over the masked tokens: mean, share below 0.1 and the normalised effective
-    sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1]. Empty dict when the mask is empty."""
+    """Distribution of importance weights over the masked tokens (weights, mask: the same shape, mask bool or 0/1):
+    mean, share below 0.1, and the normalised effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1].
+    Empty dict when the mask is empty."""
     w = weights[mask.bool()].double()
     if w.numel() == 0:
         return {}
@@ -466,24 +481,26 @@ class Turn:
     behaviour_logprobs: list[float]  # log pi_behaviour(token) at the sampling temperature, one per response id
     action: str  # what the environment received
     valid: bool  # the response had a parsable <action>...</action>
-    anchor_obs: str  # info["anchor"] of the state the turn acted in: the GiGPO step-group key
+    anchor_obs: str  # info["anchor"] of the state the turn acted in (GiGPO's step-group key)
     outcome_reward: float  # env reward of the step (1.0 on the solving step)
     process_reward: float | None  # info["process_reward"]; None once swapped
-    done: bool
-    truncated: bool
+    done: bool  # the episode ended at this turn (solved, or the step limit)
+    truncated: bool  # ... and it was the step limit that ended it (not terminal for GAE)
 
 
 @dataclass
 class Trajectory:
     task_seed: int
-    group_id: int  # the task seed: every rollout of a task is in one episode group (and its step groups)
+    group_id: int  # the task seed: every rollout of a task is in one group (GRPO group, GiGPO episode group)
     turns: list[Turn]
     won: bool
-    task_score: float  # WebShop purchase reward R in [0, 1] (0 without a purchase); ALFWorld: won
     outcome_return: float  # outcome_scale * won
     process_return: float | None  # sum of the turns' process rewards; None once swapped
     sampler: str  # "policy" or "explorer"
     iteration: int  # the iteration that sampled it
+    task_score: float | None = None  # WebShop purchase reward R in [0, 1] (0 without a purchase); ALFWorld: won
+    task_type: str = ""  # ALFWorld task type (pick_and_place_simple, ...); "" where there is none
+    next_prompt_ids: list[int] | None = None  # prompt after the last turn of a truncated episode (PPO's bootstrap)
 
 
 def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
@@ -543,11 +560,24 @@ class ReplayBuffer:
             raise ValueError("only swapped trajectories (outcome reward only) enter the replay buffer")
         self.entries.extend((iteration, t) for t in trajectories)
 
-    def sample(self, task_ids, iteration: int) -> list[Trajectory]:
-        """The stored trajectories of these tasks that are at most max_age iterations old (expired ones leave)."""
+    def sample(
+        self,
+        task_ids: torch.Tensor | Sequence[int],
+        iteration: int,
+        num_other: int = 0,
+        rng: random.Random | None = None,
+    ) -> list[Trajectory]:
+        """The stored trajectories of these tasks (seeds, or an integer tensor of them) that are at most max_age
+        iterations old (expired ones leave), then up to `num_other` of the other tasks' (drawn without replacement
+        with `rng`, else the `random` module, kept in buffer order)."""
         self.entries = deque(((j, t) for j, t in self.entries if iteration - j <= self.max_age), maxlen=self.capacity)
-        tasks = set(_keys(task_ids))
-        return [t for _, t in self.entries if t.task_seed in tasks]
+        tasks = set(task_ids.tolist() if isinstance(task_ids, torch.Tensor) else task_ids)
+        same = [t for _, t in self.entries if t.task_seed in tasks]
+        others = [t for _, t in self.entries if t.task_seed not in tasks]
+        if num_other <= 0 or not others:
+            return same
+        picked = sorted((rng or random).sample(range(len(others)), min(num_other, len(others))))
+        return same + [others[i] for i in picked]
 
     def state_dict(self) -> dict:
         return {"entries": [(j, dataclasses.asdict(t)) for j, t in self.entries]}
@@ -729,6 +759,7 @@ def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offse
 
 
 def set_advantages(rows: list[Row], turn_advantages: torch.Tensor) -> None:
+    """row.advantage = turn_advantages[row.turn_index] for every row (turn_advantages: [M], one per flattened turn)."""
     for r in rows:
         r.advantage = float(turn_advantages[r.turn_index])
 

@@ -181,12 +181,12 @@ def compute_grpo_advantages(
     norm_by_std: bool = True,
     eps: float = 1e-6,
 ) -> torch.Tensor:
-    """GRPO advantage of each trajectory from its group's return statistics.
+    """GRPO advantage of each row (a trajectory) from its group's return statistics.
 
-    returns: [N] one return per trajectory. group_ids: [N] hashable values or an integer tensor; trajectories
-    with equal ids form a group (every trajectory counts once in its group's statistics).
-    A_i = (R_i - mean_g R) / (std_g R + eps), std the unbiased sample std; norm_by_std=False gives R_i - mean_g R.
-    A singleton group has mean 0 and std 1 (A = R). Returns [N] float.
+    returns: [N] one return per row (a float tensor keeps its dtype, anything else becomes float32); group_ids:
+    N hashable values or an [N] integer tensor; rows with equal ids form a group, each row counts once.
+    A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps), std unbiased (torch.std's default);
+    norm_by_std=False drops the division. A singleton group has mean 0 and std 1 (A = R). Returns [N].
     """
     returns = torch.as_tensor(returns)
     returns = returns.float() if not torch.is_floating_point(returns) else returns
@@ -230,18 +230,20 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
 
-    input_ids, attention_mask: [B, T] (right padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None,
-    both float32 (position t predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax
-    run only where it is True and the other positions are 0: the losses read response tokens only, a few percent
-    of a multi-turn row, so this skips most of the vocabulary-sized work (the same numbers where the mask is True).
+    input_ids, attention_mask: [B, T], either padding side: position ids follow the attention mask (as in
+    generation with left padding; with right padding they are the model's default 0, 1, ... on the real tokens).
+    Returns logprobs [B, T-1] and entropy H = log Z - sum_v p_v z_v [B, T-1] or None, both float32 (position t
+    predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax run only where it is True
+    and the other positions are 0: the losses read response tokens only, a few percent of a multi-turn row, so
+    this skips most of the vocabulary-sized work (the same numbers where the mask is True).
     """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     if response_mask is None:
-        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        logits, targets = hidden, input_ids[:, 1:]
+        logits, targets = model(**kw).logits[:, :-1], input_ids[:, 1:]
     else:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        logits = model.get_output_embeddings()(hidden.last_hidden_state[:, :-1][response_mask])  # [K, V]
-        targets = input_ids[:, 1:][response_mask]
+        hidden = model.base_model(**kw).last_hidden_state[:, :-1][response_mask]
+        logits, targets = model.get_output_embeddings()(hidden), input_ids[:, 1:][response_mask]  # [K, V], [K]
     logits = logits.float() / temperature
     log_z = torch.logsumexp(logits, dim=-1)
     logprobs = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - log_z
@@ -267,20 +269,25 @@ def policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate with dual clip, weighted by (detached) importance weights; summed over response tokens.
 
-    All inputs [B, T] (advantages may be [B, 1] to broadcast a turn's advantage to its tokens).
-    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A);
-    token loss = w * l. Returns (sum of token losses over the mask, number of clipped tokens). The caller divides
-    the sum by the minibatch's response-token count (token-mean, unchanged by gradient accumulation).
+    logprobs, old_logprobs, response_mask (bool or 0/1), is_weights: [B, T]; advantages: [B] or [B, 1] (a turn's
+    advantage on all its tokens) or [B, T] (per token, e.g. token GAE).
+    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A)
+    (dual clip, c = dual_clip; c <= 1 switches it off); token loss = w * l. Returns (sum of token losses over the
+    mask, number of masked tokens where the clipped term was taken). The caller divides the sum by the
+    minibatch's response-token count (token-mean, unchanged by gradient accumulation).
     """
-    mask = response_mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    mask = response_mask.bool()
     advantages = advantages.expand_as(logprobs)
     ratio = torch.exp(logprobs - old_logprobs)
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
     loss = torch.maximum(loss_unclipped, loss_clipped)
-    loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
-    clipped = ((loss_clipped > loss_unclipped) & response_mask).sum()
-    return (is_weights.detach() * loss * mask).sum(), clipped
+    if dual_clip > 1.0:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    clipped = ((loss_clipped > loss_unclipped) & mask).sum()
+    return (is_weights.detach() * loss * mask.to(loss.dtype)).sum(), clipped
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -290,20 +297,25 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def truncated_importance_weights(
-    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """w = min(pi_old / pi_behaviour, cap) per token where `off_policy`, else 1; detached.
+    """w = min(pi_old / pi_behaviour, cap) = min(exp(old - behaviour), cap) per token, detached.
 
-    old_logprobs, behaviour_logprobs: [B, T]; off_policy: [B, T] or [B, 1] bool (the rows sampled by another model).
+    old_logprobs, behaviour_logprobs: [B, T]; off_policy: a bool mask broadcastable to [B, T] ([B, T] or [B, 1]:
+    the rows sampled by another model), whose other tokens get w = 1 (the trained model's own samples), or None
+    (every token is weighted). Returns [B, T].
     """
     w = torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
-    return torch.where(off_policy, w, torch.ones_like(w)).detach()
+    if off_policy is not None:
+        w = torch.where(off_policy, w, torch.ones_like(w))
+    return w.detach()
 
 
 def importance_weight_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Distribution of importance weights over the masked tokens: mean, share below 0.1, and the normalised
-    effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1]. Empty dict when the mask is empty."""
-    w = weights[mask].double()
+    """Distribution of importance weights over the masked tokens (weights, mask: the same shape, mask bool or 0/1):
+    mean, share below 0.1, and the normalised effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1].
+    Empty dict when the mask is empty."""
+    w = weights[mask.bool()].double()
     if w.numel() == 0:
         return {}
     return {
@@ -322,28 +334,30 @@ class Turn:
     behaviour_logprobs: list[float]  # log pi_behaviour(token) at the sampling temperature, one per response id
     action: str  # what the environment received
     valid: bool  # the response had a parsable <action>...</action>
-    anchor_obs: str  # info["anchor"] of the state the turn acted in
+    anchor_obs: str  # info["anchor"] of the state the turn acted in (GiGPO's step-group key)
     outcome_reward: float  # env reward of the step (1.0 on the solving step)
-    process_reward: Optional[float]  # info["process_reward"]; None once swapped
-    done: bool
-    truncated: bool
+    process_reward: float | None  # info["process_reward"]; None once swapped
+    done: bool  # the episode ended at this turn (solved, or the step limit)
+    truncated: bool  # ... and it was the step limit that ended it (not terminal for GAE)
 
 
 @dataclass
 class Trajectory:
     task_seed: int
-    group_id: int  # the task seed: every rollout of a task is in one GRPO group
+    group_id: int  # the task seed: every rollout of a task is in one group (GRPO group, GiGPO episode group)
     turns: list[Turn]
     won: bool
-    task_score: float  # WebShop purchase reward R in [0, 1] (0 without a purchase)
     outcome_return: float  # outcome_scale * won
-    process_return: Optional[float]  # sum of the turns' process rewards; None once swapped
+    process_return: float | None  # sum of the turns' process rewards; None once swapped
     sampler: str  # "policy" or "explorer"
     iteration: int  # the iteration that sampled it
+    task_score: float | None = None  # WebShop purchase reward R in [0, 1] (0 without a purchase); ALFWorld: won
+    task_type: str = ""  # ALFWorld task type (pick_and_place_simple, ...); "" where there is none
+    next_prompt_ids: list[int] | None = None  # prompt after the last turn of a truncated episode (PPO's bootstrap)
 
 
 def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
-    """THE SWAP: copies of the trajectories that keep only their outcome reward.
+    """THE SWAP: copies of the (explorer) trajectories that keep only their outcome reward.
 
     Process rewards (per turn and the return) are removed (set to None), so nothing derived from the dense
     reward can reach the policy's update: an accidental use fails loudly instead of training on it.
@@ -372,6 +386,8 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, max_age: int):
+        if capacity < 1 or max_age < 0:
+            raise ValueError(f"buffer capacity must be >= 1 and max age >= 0, got {capacity} and {max_age}")
         self.capacity, self.max_age = capacity, max_age
         self.entries: deque[tuple[int, Trajectory]] = deque(maxlen=capacity)
 
@@ -383,11 +399,24 @@ class ReplayBuffer:
             raise ValueError("only swapped trajectories (outcome reward only) enter the replay buffer")
         self.entries.extend((iteration, t) for t in trajectories)
 
-    def sample(self, task_ids: Sequence[int], iteration: int) -> list[Trajectory]:
-        """The stored trajectories of these tasks that are at most max_age iterations old (expired ones leave)."""
+    def sample(
+        self,
+        task_ids: torch.Tensor | Sequence[int],
+        iteration: int,
+        num_other: int = 0,
+        rng: random.Random | None = None,
+    ) -> list[Trajectory]:
+        """The stored trajectories of these tasks (seeds, or an integer tensor of them) that are at most max_age
+        iterations old (expired ones leave), then up to `num_other` of the other tasks' (drawn without replacement
+        with `rng`, else the `random` module, kept in buffer order)."""
         self.entries = deque(((j, t) for j, t in self.entries if iteration - j <= self.max_age), maxlen=self.capacity)
-        tasks = set(task_ids)
-        return [t for _, t in self.entries if t.task_seed in tasks]
+        tasks = set(task_ids.tolist() if isinstance(task_ids, torch.Tensor) else task_ids)
+        same = [t for _, t in self.entries if t.task_seed in tasks]
+        others = [t for _, t in self.entries if t.task_seed not in tasks]
+        if num_other <= 0 or not others:
+            return same
+        picked = sorted((rng or random).sample(range(len(others)), min(num_other, len(others))))
+        return same + [others[i] for i in picked]
 
     def state_dict(self) -> dict:
         return {"entries": [(j, dataclasses.asdict(t)) for j, t in self.entries]}
@@ -525,6 +554,7 @@ def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offse
 
 
 def set_advantages(rows: list[Row], turn_advantages: torch.Tensor) -> None:
+    """row.advantage = turn_advantages[row.turn_index] for every row (turn_advantages: [M], one per flattened turn)."""
     for r in rows:
         r.advantage = float(turn_advantages[r.turn_index])
 
@@ -532,15 +562,14 @@ def set_advantages(rows: list[Row], turn_advantages: torch.Tensor) -> None:
 def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
     """Consecutive index chunks whose token count stays within budget (sum of lengths, or rows x max length when
     padded); a row longer than the budget gets a chunk of its own."""
-    chunks, cur, longest = [], [], 0
+    chunks, cur, total, longest = [], [], 0, 0
     for i, n in enumerate(lengths):
-        longest_new = max(longest, n)
-        cost = longest_new * (len(cur) + 1) if padded else sum(lengths[j] for j in cur) + n
+        cost = max(longest, n) * (len(cur) + 1) if padded else total + n
         if cur and cost > budget:
             chunks.append(cur)
-            cur, longest_new = [], n
+            cur, total, longest = [], 0, 0
         cur.append(i)
-        longest = longest_new
+        total, longest = total + n, max(longest, n)
     if cur:
         chunks.append(cur)
     return chunks
@@ -747,7 +776,7 @@ def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer
     return out
 
 
-def pearson(x: list[float], y: list[float]) -> Optional[float]:
+def pearson(x: list[float], y: list[float]) -> float | None:
     """Correlation of two lists; None when either is constant (undefined)."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(xa) < 2 or xa.std() == 0 or ya.std() == 0:

@@ -310,18 +310,20 @@ def token_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(x_{t+1} | x_{<=t}) under softmax(logits / temperature), and optionally the entropy at each position.
 
-    input_ids, attention_mask: [B, T] (right padding). Returns logprobs [B, T-1] and entropy [B, T-1] or None,
-    both float32 (position t predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax
-    run only where it is True and the other positions are 0: the losses read response tokens only, a few percent
-    of a multi-turn row, so this skips most of the vocabulary-sized work (the same numbers where the mask is True).
+    input_ids, attention_mask: [B, T], either padding side: position ids follow the attention mask (as in
+    generation with left padding; with right padding they are the model's default 0, 1, ... on the real tokens).
+    Returns logprobs [B, T-1] and entropy H = log Z - sum_v p_v z_v [B, T-1] or None, both float32 (position t
+    predicts token t+1). With response_mask [B, T-1] (bool), the LM head and the softmax run only where it is True
+    and the other positions are 0: the losses read response tokens only, a few percent of a multi-turn row, so
+    this skips most of the vocabulary-sized work (the same numbers where the mask is True).
     """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    kw = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
     if response_mask is None:
-        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits[:, :-1]
-        logits, targets = hidden, input_ids[:, 1:]
+        logits, targets = model(**kw).logits[:, :-1], input_ids[:, 1:]
     else:
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-        logits = model.get_output_embeddings()(hidden.last_hidden_state[:, :-1][response_mask])  # [K, V]
-        targets = input_ids[:, 1:][response_mask]
+        hidden = model.base_model(**kw).last_hidden_state[:, :-1][response_mask]
+        logits, targets = model.get_output_embeddings()(hidden), input_ids[:, 1:][response_mask]  # [K, V], [K]
     logits = logits.float() / temperature
     log_z = torch.logsumexp(logits, dim=-1)
     logprobs = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - log_z
@@ -347,19 +349,25 @@ def policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Clipped surrogate with dual clip, weighted by (detached) importance weights; summed over response tokens.
 
-    All inputs [B, T] (PPO's advantages are per token: turn GAE broadcast to the turn's tokens, or token GAE).
-    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A);
-    token loss = w * l. Returns (sum of token losses over the mask, number of clipped tokens). The caller divides
-    the sum by the minibatch's response-token count (token-mean, unchanged by gradient accumulation).
+    logprobs, old_logprobs, response_mask (bool or 0/1), is_weights: [B, T]; advantages: [B] or [B, 1] (a turn's
+    advantage on all its tokens) or [B, T] (per token, e.g. token GAE).
+    r = exp(logprobs - old_logprobs); l = max(-A r, -A clip(r, 1-eps, 1+eps)); for A < 0, l = min(l, -c A)
+    (dual clip, c = dual_clip; c <= 1 switches it off); token loss = w * l. Returns (sum of token losses over the
+    mask, number of masked tokens where the clipped term was taken). The caller divides the sum by the
+    minibatch's response-token count (token-mean, unchanged by gradient accumulation).
     """
-    mask = response_mask.to(logprobs.dtype)
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    mask = response_mask.bool()
+    advantages = advantages.expand_as(logprobs)
     ratio = torch.exp(logprobs - old_logprobs)
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * torch.clamp(ratio, 1.0 - clip_coef, 1.0 + clip_coef)
     loss = torch.maximum(loss_unclipped, loss_clipped)
-    loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
-    clipped = ((loss_clipped > loss_unclipped) & response_mask).sum()
-    return (is_weights.detach() * loss * mask).sum(), clipped
+    if dual_clip > 1.0:
+        loss = torch.where(advantages < 0, torch.minimum(loss, -dual_clip * advantages), loss)
+    clipped = ((loss_clipped > loss_unclipped) & mask).sum()
+    return (is_weights.detach() * loss * mask.to(loss.dtype)).sum(), clipped
 
 
 def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -369,20 +377,25 @@ def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def truncated_importance_weights(
-    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor
+    old_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float, off_policy: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """w = min(pi_old / pi_behaviour, cap) per token where `off_policy`, else 1; detached.
+    """w = min(pi_old / pi_behaviour, cap) = min(exp(old - behaviour), cap) per token, detached.
 
-    old_logprobs, behaviour_logprobs: [B, T]; off_policy: [B, T] or [B, 1] bool (the rows sampled by another model).
+    old_logprobs, behaviour_logprobs: [B, T]; off_policy: a bool mask broadcastable to [B, T] ([B, T] or [B, 1]:
+    the rows sampled by another model), whose other tokens get w = 1 (the trained model's own samples), or None
+    (every token is weighted). Returns [B, T].
     """
     w = torch.exp(old_logprobs - behaviour_logprobs).clamp(max=cap)
-    return torch.where(off_policy, w, torch.ones_like(w)).detach()
+    if off_policy is not None:
+        w = torch.where(off_policy, w, torch.ones_like(w))
+    return w.detach()
 
 
 def importance_weight_stats(weights: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Distribution of importance weights over the masked tokens: mean, share below 0.1, and the normalised
-    effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1]. Empty dict when the mask is empty."""
-    w = weights[mask].double()
+    """Distribution of importance weights over the masked tokens (weights, mask: the same shape, mask bool or 0/1):
+    mean, share below 0.1, and the normalised effective sample size ESS = (sum w)^2 / (n sum w^2) in (0, 1].
+    Empty dict when the mask is empty."""
+    w = weights[mask.bool()].double()
     if w.numel() == 0:
         return {}
     return {
@@ -401,9 +414,9 @@ class Turn:
     behaviour_logprobs: list[float]  # log pi_behaviour(token) at the sampling temperature, one per response id
     action: str  # what the environment received
     valid: bool  # the response had a parsable <action>...</action>
-    anchor_obs: str  # info["anchor"] of the state the turn acted in
+    anchor_obs: str  # info["anchor"] of the state the turn acted in (GiGPO's step-group key)
     outcome_reward: float  # env reward of the step (1.0 on the solving step)
-    process_reward: Optional[float]  # info["process_reward"]; None once swapped
+    process_reward: float | None  # info["process_reward"]; None once swapped
     done: bool  # the episode ended at this turn (solved, or the step limit)
     truncated: bool  # ... and it was the step limit that ended it (not terminal for GAE)
 
@@ -411,19 +424,20 @@ class Turn:
 @dataclass
 class Trajectory:
     task_seed: int
-    group_id: int  # the task seed: the rollouts of one task
+    group_id: int  # the task seed: every rollout of a task is in one group (GRPO group, GiGPO episode group)
     turns: list[Turn]
     won: bool
-    task_type: str  # ALFWorld task type (pick_and_place_simple, ...)
     outcome_return: float  # outcome_scale * won
-    process_return: Optional[float]  # sum of the turns' process rewards; None once swapped
+    process_return: float | None  # sum of the turns' process rewards; None once swapped
     sampler: str  # "policy" or "explorer"
     iteration: int  # the iteration that sampled it
-    next_prompt_ids: Optional[list[int]] = None  # prompt after the last turn of a truncated episode (bootstrap)
+    task_score: float | None = None  # WebShop purchase reward R in [0, 1] (0 without a purchase); ALFWorld: won
+    task_type: str = ""  # ALFWorld task type (pick_and_place_simple, ...); "" where there is none
+    next_prompt_ids: list[int] | None = None  # prompt after the last turn of a truncated episode (PPO's bootstrap)
 
 
 def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
-    """THE SWAP: copies of the trajectories that keep only their outcome reward.
+    """THE SWAP: copies of the (explorer) trajectories that keep only their outcome reward.
 
     Process rewards (per turn and the return) are removed (set to None), so nothing derived from the dense
     reward can reach the policy's update: an accidental use fails loudly instead of training on it.
@@ -435,14 +449,27 @@ def swap_rewards(trajectories: list[Trajectory]) -> list[Trajectory]:
     return swapped
 
 
-def turn_rewards(traj: Trajectory, reward: Literal["outcome", "process"], outcome_scale: float) -> torch.Tensor:
-    """[T] per-turn rewards: outcome_scale * (the step's outcome reward), or the step's process reward
-    (a ValueError for a swapped trajectory, which has none)."""
-    if reward == "outcome":
-        return torch.tensor([outcome_scale * t.outcome_reward for t in traj.turns], dtype=torch.float32)
-    if any(t.process_reward is None for t in traj.turns):
-        raise ValueError("a swapped trajectory has no process reward: it can only be trained on its outcome")
-    return torch.tensor([t.process_reward for t in traj.turns], dtype=torch.float32)
+def turn_rewards(
+    trajectories: list[Trajectory], reward: Literal["outcome", "process"], outcome_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(episode return per turn [M], per-turn reward [M]) of the flattened turns, on the outcome or process reward.
+
+    outcome: episode return = outcome_return, turn reward = outcome_scale * env reward (non-zero only at the
+    solving turn, so the undiscounted sum is the outcome return); process: process_return and the turns'
+    process rewards (a swapped trajectory has none: ValueError).
+    """
+    episode, rewards = [], []
+    for traj in trajectories:
+        for turn in traj.turns:
+            if reward == "outcome":
+                episode.append(traj.outcome_return)
+                rewards.append(outcome_scale * turn.outcome_reward)
+            elif traj.process_return is None or turn.process_reward is None:
+                raise ValueError("a swapped trajectory has no process reward: it can only be trained on its outcome")
+            else:
+                episode.append(traj.process_return)
+                rewards.append(turn.process_reward)
+    return torch.tensor(episode, dtype=torch.float32), torch.tensor(rewards, dtype=torch.float32)
 
 
 class ReplayBuffer:
@@ -453,6 +480,8 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, max_age: int):
+        if capacity < 1 or max_age < 0:
+            raise ValueError(f"buffer capacity must be >= 1 and max age >= 0, got {capacity} and {max_age}")
         self.capacity, self.max_age = capacity, max_age
         self.entries: deque[tuple[int, Trajectory]] = deque(maxlen=capacity)
 
@@ -465,12 +494,17 @@ class ReplayBuffer:
         self.entries.extend((iteration, t) for t in trajectories)
 
     def sample(
-        self, task_ids: Sequence[int], iteration: int, num_other: int = 0, rng: random.Random | None = None
+        self,
+        task_ids: torch.Tensor | Sequence[int],
+        iteration: int,
+        num_other: int = 0,
+        rng: random.Random | None = None,
     ) -> list[Trajectory]:
-        """The stored trajectories of these tasks that are at most max_age iterations old (expired ones leave),
-        then up to `num_other` of the other tasks' (drawn without replacement, kept in buffer order)."""
+        """The stored trajectories of these tasks (seeds, or an integer tensor of them) that are at most max_age
+        iterations old (expired ones leave), then up to `num_other` of the other tasks' (drawn without replacement
+        with `rng`, else the `random` module, kept in buffer order)."""
         self.entries = deque(((j, t) for j, t in self.entries if iteration - j <= self.max_age), maxlen=self.capacity)
-        tasks = set(task_ids)
+        tasks = set(task_ids.tolist() if isinstance(task_ids, torch.Tensor) else task_ids)
         same = [t for _, t in self.entries if t.task_seed in tasks]
         others = [t for _, t in self.entries if t.task_seed not in tasks]
         if num_other <= 0 or not others:
@@ -578,15 +612,14 @@ def rollout(
 def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
     """Consecutive index chunks whose token count stays within budget (sum of lengths, or rows x max length when
     padded); a row longer than the budget gets a chunk of its own."""
-    chunks, cur, longest = [], [], 0
+    chunks, cur, total, longest = [], [], 0, 0
     for i, n in enumerate(lengths):
-        longest_new = max(longest, n)
-        cost = longest_new * (len(cur) + 1) if padded else sum(lengths[j] for j in cur) + n
+        cost = max(longest, n) * (len(cur) + 1) if padded else total + n
         if cur and cost > budget:
             chunks.append(cur)
-            cur, longest_new = [], n
+            cur, total, longest = [], 0, 0
         cur.append(i)
-        longest = longest_new
+        total, longest = total + n, max(longest, n)
     if cur:
         chunks.append(cur)
     return chunks
@@ -646,7 +679,7 @@ def ppo_advantages(
 
     adv, ret, old_v = [], [], []
     for t in trajectories:
-        r = turn_rewards(t, reward, outcome_scale)
+        _, r = turn_rewards([t], reward, outcome_scale)
         v_turns = [next(values) for _ in t.turns]
         if per_token:
             # verl-agent: each turn is its own episode whose last token earns the whole episode return
@@ -951,7 +984,7 @@ def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer
     return out
 
 
-def pearson(x: list[float], y: list[float]) -> Optional[float]:
+def pearson(x: list[float], y: list[float]) -> float | None:
     """Correlation of two lists; None when either is constant (undefined)."""
     xa, ya = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if len(xa) < 2 or xa.std() == 0 or ya.std() == 0:

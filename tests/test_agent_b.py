@@ -2,17 +2,12 @@
 and the distance metrics on the action tokens are logged. One policy rollout and three explorer rollouts per task,
 so the two batches have different sizes and a script that trains the explorer on the policy's batch fails."""
 
-import inspect
 import json
 import math
 import subprocess
 import sys
 
 import pytest
-
-import rspo_gigpo
-import rspo_grpo_webshop
-import rspo_ppo_alfworld
 
 COMMON = [
     "--num-iterations", "2", "--tasks-per-iteration", "2", "--group-size", "1", "--explorer-rollouts-per-task", "3",
@@ -64,9 +59,3 @@ def test_one_step_explorer_trains_on_the_policy_batch(repo_root, script_env, tmp
     """The comparison design: the explorer's one step uses the policy's rows."""
     rows = _run(repo_root, script_env, tmp_path, "grpo", "--explorer", "one_step")
     assert [r["explorer/update_rows"] for r in rows] == _policy_steps(rows)
-
-
-def test_explorer_distance_metrics_is_one_text_in_every_script():
-    """Each script keeps its own copy (it reads alone); the copies must not drift apart."""
-    texts = {inspect.getsource(m.explorer_distance_metrics) for m in (rspo_grpo_webshop, rspo_gigpo, rspo_ppo_alfworld)}
-    assert len(texts) == 1

@@ -292,7 +292,7 @@ def test_gigpo_on_real_alfworld_anchors_matches_naive_reference(norm):
                     )
                 )
             won = bool(info["won"])
-            trajs.append(gg.Trajectory(seed, seed, turns, won, float(won), 10.0 * won, 0.0, "policy", 1))
+            trajs.append(gg.Trajectory(seed, seed, turns, won, 10.0 * won, 0.0, "policy", 1, task_score=float(won)))
     kw = dict(ADV_KW, norm_by_std=norm)
     _, adv, stats = gg.gigpo_turn_advantages(trajs, "outcome", invalid_penalty=0.1, **kw)
     assert torch.allclose(adv, _naive_gigpo(trajs, 0.95, norm), atol=1e-4)

@@ -199,9 +199,9 @@ def test_swap_drops_process_rewards():
     assert swapped[0].process_return is None and all(t.process_reward is None for t in swapped[0].turns)
     assert trajs[0].process_return is not None  # the originals are untouched
     assert swapped[0].outcome_return == 10.0 and swapped[0].turns[0].behaviour_logprobs == [-1.0, -1.0]
-    torch.testing.assert_close(p.turn_rewards(swapped[0], "outcome", 10.0), torch.tensor([0.0, 10.0]))
+    torch.testing.assert_close(p.turn_rewards(swapped, "outcome", 10.0)[1], torch.tensor([0.0, 10.0]))
     with pytest.raises(ValueError):
-        p.turn_rewards(swapped[0], "process", 10.0)
+        p.turn_rewards(swapped, "process", 10.0)
 
 
 ADV_KW = dict(
