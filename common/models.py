@@ -7,6 +7,8 @@
   first load and cached as a save_pretrained folder (so that vLLM can load it as well).
 - anything else: a Hugging Face model id (offline, from the local hub cache) or a local folder.
 
+LoRA (`add_lora`, `AdapterView`): several peft adapters on one frozen base, each seen as a model of its own.
+
 Every tokenizer returned pads on the left and has a pad and an EOS token. `model.name_or_path` is a folder (or
 hub id) from which the same weights load again, e.g. for `--rollout-backend vllm`.
 """
@@ -21,10 +23,11 @@ import json
 import os
 import pathlib
 import shutil
+from collections.abc import Sequence
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 from common.run import BadInput
 
@@ -243,3 +246,183 @@ def build_critic(policy: PreTrainedModel, critic_model_name: str | None = None, 
             "use a model with the policy's tokenizer, or no --critic-model-name (a copy of the policy)"
         )
     return Critic(model)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LoRA: several adapters on one frozen base
+
+
+def check_lora(lora_rank: int, rollout_backend: str) -> None:
+    """BadInput (one line) for LoRA flags no run can use: a negative rank, or LoRA with vLLM rollouts."""
+    if lora_rank < 0:
+        raise BadInput(f"--lora-rank {lora_rank}: must be >= 0 (0: full-weight training)")
+    if lora_rank > 0 and rollout_backend != "hf":
+        raise BadInput(
+            f"--lora-rank {lora_rank} with --rollout-backend {rollout_backend}: LoRA rollouts run with "
+            "--rollout-backend hf only (vLLM LoRA requests are not wired in)"
+        )
+
+
+def add_lora(
+    model: PreTrainedModel,
+    adapters: Sequence[str],
+    rank: int,
+    alpha: float | None = None,
+    *,
+    base_dtype: torch.dtype | None = None,
+):
+    """Wrap `model` (in place) with peft: one LoRA adapter per name in `adapters`, on every linear layer of the
+    decoder (q, k, v, o, gate, up, down; not the LM head), delta W = (alpha / rank) B A with A [rank, in] and
+    B [out, rank]; alpha None: 2 * rank. The base is frozen (cast to `base_dtype` first when given: it is only
+    read, e.g. bf16 under the CUDA path's bf16 autocast); the adapters are fp32 and trainable. Every adapter
+    starts as a copy of the first (B = 0: each computes the base model's function). Returns the PeftModel; use
+    AdapterView(peft_model, name) for each adapter and AdapterView(peft_model, None) for the base."""
+    from peft import LoraConfig, get_peft_model
+
+    if rank < 1 or not adapters or len(set(adapters)) != len(adapters):
+        raise ValueError(f"add_lora needs rank >= 1 and distinct adapter names, got rank={rank}, {list(adapters)}")
+    if base_dtype is not None:
+        model.to(base_dtype)
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank if alpha is None else alpha, target_modules="all-linear", lora_dropout=0.0
+    )
+    peft_model = get_peft_model(model, config, adapter_name=adapters[0])
+    for name in adapters[1:]:
+        peft_model.add_adapter(name, config)
+    views = [AdapterView(peft_model, name) for name in adapters]
+    for view in views:
+        view.requires_grad_(True)
+        view.load_state_dict(views[0].state_dict())
+    return peft_model
+
+
+def _lora_parts(layer, adapter: str) -> list[tuple[str, nn.Module | nn.Parameter]]:
+    """(attribute name, module or parameter) of `adapter` in one peft tuner layer (lora_A, lora_B, ...)."""
+    parts = []
+    for kind in layer.adapter_layer_names:
+        table = getattr(layer, kind)
+        if adapter in table:
+            parts.append((kind, table[adapter]))
+    return parts
+
+
+class AdapterView(nn.Module):
+    """One adapter of a peft LoRA model as a model of its own; adapter None: the frozen base, adapters off.
+
+    forward(...) and generate(...) run the peft model's Hugging Face model with this adapter active (or with every
+    adapter off); `base_model` runs its trunk (hidden states) the same way. parameters(), state_dict() and
+    load_state_dict() cover only this adapter's weights, with the adapter name left out of the keys
+    (model.layers.0.self_attn.q_proj.lora_A.weight), so that one view's state dict loads into another's. Switching
+    adapters keeps every adapter parameter's requires_grad as it was (peft's set_adapter would change them), and
+    puts the whole base model in this view's train/eval mode. save_pretrained writes the adapter in peft's format.
+    """
+
+    def __init__(self, peft_model, adapter: str | None):
+        super().__init__()
+        if adapter is not None and adapter not in peft_model.peft_config:
+            raise KeyError(f"no adapter {adapter!r} (the model has {sorted(peft_model.peft_config)})")
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        # Not submodules: a view owns only its adapter's weights.
+        hf_model = peft_model.base_model.model  # linear layers replaced by peft's LoRA layers
+        self.__dict__.update(peft_model=peft_model, hf_model=hf_model)
+        self.adapter = adapter
+        layers = [(path, m) for path, m in hf_model.named_modules() if isinstance(m, BaseTunerLayer)]
+        self.__dict__["tuner_layers"] = [m for _, m in layers]
+        self.__dict__["all_adapter_params"] = [p for _, m in layers for k in m.adapter_layer_names
+                                               for p in getattr(m, k).parameters()]  # fmt: skip
+        prefix = hf_model.base_model_prefix
+        self.add_module(prefix, _TrunkView(self, getattr(hf_model, prefix)))
+        for path, layer in layers if adapter is not None else ():
+            for kind, part in _lora_parts(layer, adapter):
+                parent = self
+                for name in path.split("."):
+                    if not hasattr(parent, name) or not isinstance(getattr(parent, name), nn.Module):
+                        parent.add_module(name, nn.Module())
+                    parent = getattr(parent, name)
+                if isinstance(part, nn.Parameter):
+                    parent.register_parameter(kind, part)
+                else:
+                    parent.add_module(kind, part)
+
+    def activate(self, training: bool | None = None) -> None:
+        """Make this view's adapter the active one (adapter None: all off), and put the base model in `training`
+        mode (None: this view's). Forward passes through the view do this themselves."""
+        first = self.tuner_layers[0]
+        if self.adapter is None:
+            switch = not first.disable_adapters
+        else:
+            switch = first.disable_adapters or list(first.active_adapters) != [self.adapter]
+        if switch:
+            flags = [(p, p.requires_grad) for p in self.all_adapter_params]
+            for layer in self.tuner_layers:
+                if self.adapter is None:
+                    layer.enable_adapters(False)
+                else:
+                    layer.enable_adapters(True)
+                    layer.set_adapter(self.adapter)
+            for p, flag in flags:
+                p.requires_grad_(flag)
+        training = self.training if training is None else training
+        if self.hf_model.training != training:
+            self.hf_model.train(training)
+
+    def forward(self, *args, **kwargs):
+        self.activate()
+        return self.hf_model(*args, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        self.activate()
+        return self.hf_model.generate(*args, **kwargs)
+
+    @property
+    def base_model(self) -> nn.Module:
+        return getattr(self, self.hf_model.base_model_prefix)
+
+    @property
+    def config(self):
+        return self.hf_model.config
+
+    @property
+    def name_or_path(self) -> str:
+        return self.hf_model.name_or_path
+
+    @property
+    def generation_config(self) -> GenerationConfig:
+        return self.hf_model.generation_config
+
+    @generation_config.setter
+    def generation_config(self, value: GenerationConfig) -> None:
+        self.hf_model.generation_config = value
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.hf_model.get_output_embeddings()
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.hf_model.get_input_embeddings()
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write this adapter as a peft adapter folder (adapter_config.json, adapter_model.safetensors), loadable
+        with peft.PeftModel.from_pretrained(base model, save_directory)."""
+        if self.adapter is None:
+            raise ValueError("the view of the base model has no adapter to save")
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        os.makedirs(save_directory, exist_ok=True)
+        self.peft_model.peft_config[self.adapter].save_pretrained(save_directory)
+        weights = get_peft_model_state_dict(self.peft_model, adapter_name=self.adapter, save_embedding_layers=False)
+        weights = {k: v.detach().contiguous() for k, v in weights.items()}
+        save_file(weights, os.path.join(save_directory, "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+class _TrunkView(nn.Module):
+    """The trunk (the HF model's base_model: hidden states, no LM head) of an AdapterView, run with its adapter."""
+
+    def __init__(self, view: AdapterView, trunk: nn.Module):
+        super().__init__()
+        self.__dict__.update(view=view, trunk=trunk)
+
+    def forward(self, *args, **kwargs):
+        self.view.activate(self.training)
+        return self.trunk(*args, **kwargs)
