@@ -37,8 +37,9 @@ RESUME_MAY_CHANGE = ("num_iterations", "total_env_steps")
 _RECORDING_FLAGS = ("resume", "eval_only", "runs_dir", "track", "wandb_project_name", "wandb_entity")
 # The scripts' "to be filled in runtime" fields: they differ only where the flags they come from do.
 _DERIVED_FIELDS = ("num_policy_rollouts", "num_explorer_rollouts")
-# --eval-only reads only the policy: these must match the run whose checkpoint it reads, the rest is free.
-EVAL_ONLY_MUST_MATCH = ("env", "model_name", "env_preset")
+# --eval-only reads only the policy: these must match the run whose checkpoint it reads, the rest is free (a LoRA
+# run's checkpoint holds the policy's adapter only, which needs the same base, rank and scale).
+EVAL_ONLY_MUST_MATCH = ("env", "model_name", "env_preset", "lora_rank", "lora_alpha")
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 

@@ -3,6 +3,8 @@ forward, generation and trunk pass, the reference view is the base model exactly
 adapter's weights into another view, and a final save is a peft adapter folder."""
 
 import copy
+import importlib.util
+import pathlib
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from common import models
 from common.generation import HFGenerator
 from common.run import BadInput
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 ADAPTERS = ["policy", "explorer", "critic"]
 TEXTS = [
     "WebShop [SEP] Instruction: [SEP] i need a long clip-in hair extension <action>search[hair extension]</action>",
@@ -70,7 +73,7 @@ def policy_loss(view, batch) -> torch.Tensor:
     return -torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).mean()
 
 
-def test_views_hold_only_their_adapter(lora):
+def test_views_hold_only_their_adapter(lora, tiny):
     peft_model, views = lora
     policy = views["policy"]
     keys = list(policy.state_dict())
@@ -84,6 +87,11 @@ def test_views_hold_only_their_adapter(lora):
     assert all(p.requires_grad for p in policy.parameters())
     assert not any(p.requires_grad for n, p in peft_model.named_parameters() if "lora_" not in n)  # the frozen base
     assert list(views["ref"].parameters()) == [] and views["ref"].state_dict() == {}
+    # benchmarks/memory_table.py counts what an adapter trains
+    spec = importlib.util.spec_from_file_location("memory_table", ROOT / "benchmarks" / "memory_table.py")
+    memory_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory_table)
+    assert sum(p.numel() for p in policy.parameters()) == memory_table.lora_param_count(tiny[0], rank=4)
 
 
 def test_reference_is_the_base_model_exactly(lora, batch, tiny):
