@@ -12,6 +12,7 @@ outcome-reward update. `--reward-mode outcome|process` runs the baselines.
 import copy
 import dataclasses
 import difflib
+import functools
 import os
 import random
 import sys
@@ -976,15 +977,13 @@ if __name__ == "__main__":
         model=policy, engine_dir=logger.dir / "rollout_model",
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
-    env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
-    def make_envs(n: int) -> cenvs.LockstepEnvs:
-        if n not in env_pool:
-            env_pool[n] = cenvs.LockstepEnvs(
-                args.env, n, backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps,
-                process_reward=args.process_reward,
-            )  # fmt: skip
-        return env_pool[n]
+    @functools.cache
+    def make_envs(n: int) -> cenvs.LockstepEnvs:  # one set of n lockstep environments, made once
+        return cenvs.LockstepEnvs(
+            args.env, n, backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps,
+            process_reward=args.process_reward,
+        )  # fmt: skip
 
     def advantages(trajectories: list[Trajectory], reward: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
         return gigpo_turn_advantages(

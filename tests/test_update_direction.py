@@ -21,30 +21,28 @@ LOSS_KW = dict(clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_g
 
 
 def _group_script(module, autocast):
-    """make_row, prepare and update of the GRPO script (one advantage per row)."""
+    """make_row and update of the GRPO script (one advantage per row)."""
 
     def make_row(response, behaviour, advantage, swapped):
         return module.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, swapped, iteration=1)
-
-    def prepare(model, ref, rows):
-        module.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
 
     def update(model, optimizer, rows):
         module.update(model, optimizer, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=10_000,
                       **LOSS_KW, **KW, autocast=autocast)  # fmt: skip
 
-    return make_row, prepare, update
+    return make_row, update
 
 
 def _gigpo_script(autocast):
-    """make_row, prepare and update of the GiGPO script (one advantage per row; the settings come from its Args)."""
+    """make_row, prepare_rows and update of the GiGPO script (LOSS_KW and KW given as its Args)."""
     g = rspo_gigpo
-    loss = {k: v for k, v in LOSS_KW.items() if k != "use_is_weights"}
-    args = g.Args(**loss, off_policy_correction="tis", is_cap=2.0, temperature=KW["temperature"],
-                  minibatch_tokens=10_000, micro_batch_tokens=10_000)  # fmt: skip
+    args = g.Args(
+        temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, clip_coef=0.2, dual_clip=3.0,
+        kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, off_policy_correction="tis",
+    )  # fmt: skip
 
     def make_row(response, behaviour, advantage, swapped):
-        return g.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped=swapped, iteration=1)
+        return g.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, iteration=1)
 
     def prepare(model, ref, rows):
         g.prepare_rows(model, ref, rows, args, pad_id=KW["pad_id"], autocast=autocast)
@@ -56,7 +54,7 @@ def _gigpo_script(autocast):
 
 
 def _ppo_script(model, autocast):
-    """make_row, prepare and update of the PPO script (per-token advantages, a critic trained beside the policy)."""
+    """make_row and update of the PPO script (per-token advantages, a critic trained beside the policy)."""
     p = rspo_ppo_alfworld
     critic = models.build_critic(model)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
@@ -66,14 +64,11 @@ def _ppo_script(model, autocast):
                      returns=torch.zeros(1), old_values=torch.zeros(1), swapped=swapped, off_policy=swapped,
                      iteration=1)  # fmt: skip
 
-    def prepare(model, ref, rows):
-        p.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
-
     def update(model, optimizer, rows):
         p.update(model, optimizer, critic, critic_optimizer, rows, epochs=1, minibatch_tokens=10_000,
                  micro_batch_tokens=10_000, vf_clip=2.0, **LOSS_KW, **KW, autocast=autocast)  # fmt: skip
 
-    return make_row, prepare, update
+    return make_row, update
 
 
 @pytest.mark.parametrize("precision", list(AUTOCAST))
@@ -87,10 +82,13 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
     model = small_lm(pad_token_id=0, eos_token_id=1)
     ref = copy.deepcopy(model)
     autocast = AUTOCAST[precision]
-    if script == "ppo":
-        make_row, prepare, update = _ppo_script(model, autocast)
+    if script == "gigpo":
+        make_row, prepare, update = _gigpo_script(autocast)
     else:
-        make_row, prepare, update = _gigpo_script(autocast) if script == "gigpo" else _group_script(module, autocast)
+        make_row, update = _ppo_script(model, autocast) if script == "ppo" else _group_script(module, autocast)
+
+        def prepare(model, ref, rows):
+            module.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
 
     def response_logprobs(response) -> list[float]:
         ids = torch.tensor([PROMPT + response])
