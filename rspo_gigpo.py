@@ -681,7 +681,7 @@ def nonzero_adv_group_share(trajectories: list[Trajectory], turn_advantages: tor
 
 @dataclass
 class Row:
-    """One training row: a turn's prompt + response with its advantage and who sampled it."""
+    """One training row: a turn's prompt + response, its advantage, and whether it is a swapped explorer turn."""
 
     input_ids: list[int]
     prompt_len: int
