@@ -424,7 +424,7 @@ class ReplayBuffer:
 
 @contextmanager
 def timed(metrics: dict, key: str):
-    """Add the seconds spent in the block to metrics[key]."""
+    """Add the seconds spent in the `with` block to metrics[key]."""
     start = time.perf_counter()
     yield
     metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
@@ -496,12 +496,12 @@ class Row:
     prompt_len: int
     behaviour_logprobs: list[float]
     advantage: float
-    swapped: bool  # an explorer turn in the policy's batch: importance-weighted, no KL / entropy term
+    swapped: bool  # a swapped explorer turn in the policy's update: importance-weighted, no KL / entropy term
     iteration: int  # the iteration that sampled it
     turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
-    old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
-    ref_logprobs: Optional[torch.Tensor] = None
-    is_weights: Optional[torch.Tensor] = None
+    old_logprobs: torch.Tensor | None = None  # [response_len], filled by prepare_rows
+    ref_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
 
 
 def make_rows(trajectories: list[Trajectory], turn_offset: int = 0) -> list[Row]:
