@@ -65,6 +65,10 @@ class Args:
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
     tiny_seed: int = 1
     """the tiny model's build seed (1: the committed weights; others are built and cached on first use)"""
+    lora_rank: int = 0
+    """LoRA rank r: the policy and agent B train rank-r adapters on one frozen base (0: full weights)"""
+    lora_alpha: Optional[float] = None
+    """LoRA scale: delta W = (alpha / r) B A (None: alpha = 2 r)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
     generation_batch_size: Optional[int] = None
@@ -744,6 +748,7 @@ if __name__ == "__main__":
             positive=("temperature", "max_grad_norm", "is_cap"),
         )  # fmt: skip
         models.check_model_name(args.model_name)
+        models.check_lora(args.lora_rank, args.rollout_backend)
         cenvs.check_backend("webshop", args.env_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     except run.BadInput as err:
@@ -758,11 +763,16 @@ if __name__ == "__main__":
     policy, tokenizer = models.load_model(
         args.model_name, env_name="webshop", preset=args.env_preset, seed=args.tiny_seed, device=device
     )
-    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    if args.lora_rank > 0:  # LoRA: the policy and agent B are adapters on one frozen base, which is the KL reference
+        bf16 = torch.bfloat16 if device.type == "cuda" else None
+        lora = models.add_lora(policy, ["policy", "explorer"], args.lora_rank, args.lora_alpha, base_dtype=bf16)
+        policy, explorer, ref_model = (models.AdapterView(lora, name) for name in ("policy", "explorer", None))
+    else:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        explorer = copy.deepcopy(policy) if swap else None
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
     explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
     explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
-    explorer = copy.deepcopy(policy) if swap else None
     explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
     # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run: --model-name may

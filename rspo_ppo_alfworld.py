@@ -68,6 +68,10 @@ class Args:
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
     tiny_seed: int = 1
     """seed of the tiny model's build (1: the committed one); --seed varies the training run from the same start"""
+    lora_rank: int = 0
+    """LoRA rank r: policy, agent B and critics train rank-r adapters on one frozen base (0: full weights)"""
+    lora_alpha: Optional[float] = None
+    """LoRA scale: delta W = (alpha / r) B A (None: alpha = 2 r)"""
     critic_model_name: Optional[str] = None
     """None: the critic is a value head on a copy of the policy; else a separate model with the same tokenizer"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
@@ -940,6 +944,7 @@ if __name__ == "__main__":
         models.check_model_name(args.model_name)
         if args.critic_model_name is not None:
             models.check_model_name(args.critic_model_name, flag="--critic-model-name")
+        models.check_lora(args.lora_rank, args.rollout_backend, args.critic_model_name)
         cenvs.check_backend("alfworld", args.env_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     except run.BadInput as err:
@@ -957,14 +962,21 @@ if __name__ == "__main__":
     # its own value head (trained on process returns, never synced from the policy's critic)
     load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device)
     policy, tokenizer = models.load_model(args.model_name, **load_kw)
-    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-    critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
+    if args.lora_rank > 0:  # LoRA: policy, agent B and their critics are adapters on one frozen base, the KL reference
+        names = ["policy", "explorer", "critic", "explorer_critic"]
+        bf16 = torch.bfloat16 if device.type == "cuda" else None
+        lora = models.add_lora(policy, names, args.lora_rank, args.lora_alpha, base_dtype=bf16)
+        policy, explorer, ref_model = (models.AdapterView(lora, name) for name in ("policy", "explorer", None))
+        critic, explorer_critic = (models.Critic(models.AdapterView(lora, n)) for n in ("critic", "explorer_critic"))
+    else:
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
+        explorer = copy.deepcopy(policy) if swap else None
+        explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device) if swap else None
     modules = {"policy": policy, "critic": critic, "ref": ref_model}
     base_lr = {"policy": args.learning_rate, "critic": args.critic_learning_rate}
     if swap:
-        explorer = modules["explorer"] = copy.deepcopy(policy)
-        explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
-        modules["explorer_critic"] = explorer_critic
+        modules.update(explorer=explorer, explorer_critic=explorer_critic)
         base_lr["explorer"] = fallback(args.explorer_learning_rate, args.learning_rate)
         base_lr["explorer_critic"] = fallback(args.explorer_critic_learning_rate, args.critic_learning_rate)
     optimizers = {k: torch.optim.AdamW(modules[k].parameters(), lr=lr) for k, lr in base_lr.items()}

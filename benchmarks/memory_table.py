@@ -11,10 +11,11 @@ closed-form count of the same architecture is printed beside it as a check. What
   policy's and the explorer's critics) in fp32, with fp32 gradients and AdamW's two fp32 moments: 16 bytes per
   parameter; the frozen reference (the initial policy) in fp32: 4 bytes. The CUDA path runs the forward under
   bf16 autocast, which casts on the fly and keeps no second copy of the weights.
-- LoRA (planned, not in the scripts yet): one frozen base in bf16 (2 bytes per parameter) shared by the policy, the
+- LoRA (`--lora-rank r`): one frozen base in bf16 on CUDA (2 bytes per parameter) shared by the policy, the
   explorer and the reference (the base without adapters); rank-r adapters on every linear layer of the decoder
   (q, k, v, o, gate, up, down; not the LM head), one set each for the policy and the explorer, trained in fp32
   (16 bytes per adapter parameter); PPO adds one adapter set and a value head per critic on the same base.
+  LoRA runs roll out with HF generate (--rollout-backend hf): the vLLM column does not apply to them.
 - N ranks (FSDP, planned): weights, gradients and optimizer states are sharded evenly, so each rank holds 1/N.
 - the vLLM engine, colocated on each rank: its own bf16 copy of the weights (2 bytes per parameter of the policy,
   not sharded); on top of it the engine's KV cache, which the scripts size as a share of the GPU
@@ -148,7 +149,10 @@ def tables(rank: int, ranks: list[int]) -> str:
     per_rank = " | ".join(f"N={n}" for n in ranks)
     header = f"| model | script | weights | gradients | AdamW | per rank: {per_rank} | + vLLM bf16 weights per rank |"
     rule = "|---|---|---|---|---|" + "---|" * len(ranks) + "---|"
-    for title, fn in (("Full fine-tuning (the scripts today)", full_finetuning), (f"LoRA r={rank} (planned)", lora)):
+    for title, fn in (
+        ("Full fine-tuning (the scripts today)", full_finetuning),
+        (f"LoRA r={rank} (--lora-rank {rank})", lora),
+    ):
         note = "weights, gradients and AdamW states on one GPU, then their sum per rank over N ranks"
         out += ["", f"{title}, GiB (2^30 bytes): {note}", "", header, rule]
         for m in rows:

@@ -252,14 +252,20 @@ def build_critic(policy: PreTrainedModel, critic_model_name: str | None = None, 
 # LoRA: several adapters on one frozen base
 
 
-def check_lora(lora_rank: int, rollout_backend: str) -> None:
-    """BadInput (one line) for LoRA flags no run can use: a negative rank, or LoRA with vLLM rollouts."""
+def check_lora(lora_rank: int, rollout_backend: str, critic_model_name: str | None = None) -> None:
+    """BadInput (one line) for LoRA flags no run can use: a negative rank, LoRA with vLLM rollouts, or LoRA with a
+    separate critic model (LoRA critics are adapters on the policy's base)."""
     if lora_rank < 0:
         raise BadInput(f"--lora-rank {lora_rank}: must be >= 0 (0: full-weight training)")
     if lora_rank > 0 and rollout_backend != "hf":
         raise BadInput(
             f"--lora-rank {lora_rank} with --rollout-backend {rollout_backend}: LoRA rollouts run with "
             "--rollout-backend hf only (vLLM LoRA requests are not wired in)"
+        )
+    if lora_rank > 0 and critic_model_name is not None:
+        raise BadInput(
+            f"--lora-rank {lora_rank} with --critic-model-name {critic_model_name}: with LoRA the critics are "
+            "adapters on the policy's base; leave --critic-model-name out"
         )
 
 
@@ -333,6 +339,8 @@ class AdapterView(nn.Module):
                                                for p in getattr(m, k).parameters()]  # fmt: skip
         prefix = hf_model.base_model_prefix
         self.add_module(prefix, _TrunkView(self, getattr(hf_model, prefix)))
+        if adapter is None:
+            self.eval()  # the frozen reference
         for path, layer in layers if adapter is not None else ():
             for kind, part in _lora_parts(layer, adapter):
                 parent = self

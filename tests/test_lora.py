@@ -12,7 +12,7 @@ from peft import PeftModel
 
 from common import models
 from common.generation import HFGenerator
-from common.run import BadInput
+from common.run import BadInput, read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ADAPTERS = ["policy", "explorer", "critic"]
@@ -279,3 +279,69 @@ def test_check_lora(rank, backend, message):
         models.check_lora(rank, backend)
     models.check_lora(0, "vllm")
     models.check_lora(4, "hf")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# each script with --lora-rank 4, end to end: 2 iterations straight, and 1 iteration resumed up to 2, then an
+# evaluation of the saved checkpoint (the runs fork from one interpreter: tests/test_resume.py's runner)
+
+LORA_SMALL = [
+    "--lora-rank", "4", "--reward-mode", "swap", "--tasks-per-iteration", "1", "--group-size", "2",
+    "--explorer-rollouts-per-task", "2", "--explorer-sync-every", "2", "--train-pool-size", "1", "--max-steps", "3",
+    "--max-new-tokens", "8", "--update-epochs", "1", "--explorer-update-epochs", "1", "--num-eval-tasks", "1",
+    "--eval-every", "1", "--no-eval-at-start", "--no-cuda",
+]  # fmt: skip
+LORA_CASES = {
+    "grpo": ("rspo_grpo_webshop.py", [], {"policy", "explorer"}),
+    "ppo": ("rspo_ppo_alfworld.py", [], {"policy", "explorer", "critic", "explorer_critic"}),
+    "gigpo": ("rspo_gigpo.py", ["--env", "webshop"], {"policy", "explorer"}),
+}
+
+
+@pytest.mark.parametrize("script", list(LORA_CASES))
+def test_lora_run_resumes_as_the_straight_run(repo_root, script_env, tmp_path, script):
+    from test_resume import _checkpoint, _differences, _only_run, _run_steps, _without_timings
+
+    path, flags, trained = LORA_CASES[script]
+    argv = [*LORA_SMALL, *flags]
+    resumed = tmp_path / "resumed" / "run"
+    steps = [
+        ["run", [*argv, "--num-iterations", "2", "--runs-dir", str(tmp_path / "straight")], str(tmp_path / "a.log")],
+        ["run", [*argv, "--num-iterations", "1", "--runs-dir", str(tmp_path / "first")], str(tmp_path / "b.log")],
+        ["move", str(tmp_path / "first"), str(resumed)],
+        ["run", [*argv, "--num-iterations", "2", "--resume", str(resumed), "--runs-dir", str(resumed.parent)],
+         str(tmp_path / "c.log")],
+        ["run", [*argv, "--eval-only", "--resume", str(resumed), "--runs-dir", str(tmp_path / "eval")],
+         str(tmp_path / "d.log")],
+    ]  # fmt: skip
+    _run_steps(repo_root, script_env, path, steps)
+    straight = _only_run(tmp_path / "straight")
+
+    rows, resumed_rows = read_metrics(straight), read_metrics(resumed)
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in resumed_rows] == [1, 2]
+    assert [_without_timings(r) for r in resumed_rows] == [_without_timings(r) for r in rows]
+    assert rows[-1]["explorer/env_steps"] > 0 and "eval/success_rate" in read_metrics(_only_run(tmp_path / "eval"))[0]
+    final, resumed_final = _checkpoint(straight), _checkpoint(resumed)
+    for part in ("modules", "optimizers", "extra", "rng"):
+        assert not _differences(final[part], resumed_final[part], part)
+
+    # The checkpoint holds adapters (and PPO's value heads) only, each trained by its own optimiser; the reference
+    # is the base: nothing to store. The final save is the policy's peft adapter.
+    modules = final["modules"]
+    assert set(modules) == trained | {"ref"} and modules["ref"] == {} and set(final["optimizers"]) == trained
+    for name in trained:
+        assert all("lora_A" in k or "lora_B" in k or k.startswith("head.") for k in modules[name]), name
+        (group,) = final["optimizers"][name]["param_groups"]
+        assert len(group["params"]) == len(modules[name])
+    # agent B trained (on its dense process reward) away from its start, B = 0, and from the policy (no sync yet)
+    assert any(v.abs().sum() > 0 for k, v in modules["explorer"].items() if "lora_B" in k)
+    assert _differences(modules["explorer"], modules["policy"], "explorer")
+    assert sorted(p.name for p in (straight / "model").iterdir() if p.name.startswith("adapter")) == [
+        "adapter_config.json", "adapter_model.safetensors"
+    ]  # fmt: skip
+    base, _ = models.load_model("tiny", env_name="alfworld" if script == "ppo" else "webshop")
+    saved = PeftModel.from_pretrained(copy.deepcopy(base), straight / "model")
+    policy = models.AdapterView(models.add_lora(base, ["policy"], rank=4), "policy")
+    policy.load_state_dict(modules["policy"])
+    batch = (torch.tensor([[5, 6, 7, 8, 9]]), torch.ones(1, 5, dtype=torch.long))
+    assert torch.equal(logprobs(saved, batch), logprobs(policy, batch))

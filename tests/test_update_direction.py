@@ -1,7 +1,8 @@
 """The direction of learning in each script's update: a response with a positive advantage becomes likelier and
 one with a negative advantage less likely, for the policy's own rows and for swapped explorer rows under
 importance weights. Each test fails when the surrogate's sign is flipped. Each runs in fp32 (the CPU path) and
-under bf16 autocast (the scripts' CUDA path, here on the CPU: the same code, the matmuls in bf16)."""
+under bf16 autocast (the scripts' CUDA path, here on the CPU: the same code, the matmuls in bf16); and in fp32 with
+--lora-rank's models (adapters on the tiny model's frozen base)."""
 
 import contextlib
 import copy
@@ -40,10 +41,11 @@ def _group_script(module, autocast):
     return make_row, prepare, update
 
 
-def _ppo_script(model, autocast):
-    """make_row, prepare and update of the PPO script (per-token advantages, a critic trained beside the policy)."""
+def _ppo_script(model, autocast, critic=None):
+    """make_row, prepare and update of the PPO script (per-token advantages, a critic trained beside the policy: by
+    default a value head on a copy of the model)."""
     p = rspo_ppo_alfworld
-    critic = models.build_critic(model)
+    critic = models.build_critic(model) if critic is None else critic
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
     args = p.Args(temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, vf_clip=2.0,
                   clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0,
@@ -74,6 +76,33 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
     ref = copy.deepcopy(model)
     autocast = AUTOCAST[precision]
     make_row, prepare, update = _ppo_script(model, autocast) if script == "ppo" else _group_script(module, autocast)
+    _check_direction(module, model, ref, make_row, prepare, update, swapped, rounds=20)
+
+
+@pytest.mark.parametrize("script", ["grpo", "gigpo", "ppo"])
+def test_lora_updates_make_positive_advantage_responses_likelier(script):
+    """The same with --lora-rank 4 on the tiny model, built as the scripts build it: the policy (and PPO's critic)
+    are adapters on its frozen base, and the base is the reference; one AdamW over the policy's adapter."""
+    module = {"grpo": rspo_grpo_webshop, "gigpo": rspo_gigpo, "ppo": rspo_ppo_alfworld}[script]
+    base, _ = models.load_model("tiny", env_name="webshop")
+    lora = models.add_lora(base, ["policy", "explorer", "critic"], rank=4)
+    model, ref = models.AdapterView(lora, "policy"), models.AdapterView(lora, None)
+    autocast = AUTOCAST["fp32"]
+    if script == "ppo":
+        make_row, prepare, update = _ppo_script(model, autocast, models.Critic(models.AdapterView(lora, "critic")))
+    else:
+        make_row, prepare, update = _group_script(module, autocast)
+    explorer = models.AdapterView(lora, "explorer")
+    explorer_state = {k: v.clone() for k, v in explorer.state_dict().items()}
+    _check_direction(module, model, ref, make_row, prepare, update, swapped=False, rounds=10)
+    # only the policy's adapter trained: the explorer's and the base are as they were
+    assert all(torch.equal(v, explorer_state[k]) for k, v in explorer.state_dict().items())
+    assert all(not p.requires_grad for n, p in lora.named_parameters() if "lora_" not in n)
+
+
+def _check_direction(module, model, ref, make_row, prepare, update, swapped, rounds):
+    """One prompt, responses GOOD (advantage +1) and BAD (-1): `rounds` rollout-and-update rounds raise GOOD's
+    log-probability by more than a nat and lower BAD's as much."""
 
     def response_logprobs(response) -> list[float]:
         ids = torch.tensor([PROMPT + response])
@@ -83,7 +112,7 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
 
     before = sum(response_logprobs(GOOD)), sum(response_logprobs(BAD))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(20):
+    for _ in range(rounds):
         rows = [make_row(r, response_logprobs(r), a, swapped) for r, a in ((GOOD, 1.0), (BAD, -1.0))]
         prepare(model, ref, rows)
         update(model, optimizer, rows)
