@@ -1,0 +1,113 @@
+"""common/distributed.py: the helpers in one process (the default: each is the identity or the plain operation) and
+under a real 2-process gloo group started by torchrun (tests/fsdp_worker.py), where a fully_shard-ed tiny model's
+token-mean step over 2 ranks must give the single-process gradient and weights."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common import distributed, run
+
+
+def test_one_process_helpers_are_the_plain_operations(small_lm):
+    assert not distributed.active() and distributed.rank() == 0 and distributed.world_size() == 1
+    assert distributed.is_main()
+    assert distributed.init(torch.device("cpu")) == torch.device("cpu")  # WORLD_SIZE unset: no process group
+    assert not distributed.active()
+    assert distributed.split([3, 1, 2]) == [3, 1, 2]
+    assert distributed.gather((1, 2)) == [1, 2]
+    sums = {"tokens": 7, "loss": 0.5}
+    assert distributed.sum_all(sums) is sums and distributed.sum_all(3) == 3
+    assert distributed.steps([[0, 1], [2]]) == [[0, 1], [2]]
+    assert distributed.token_divisor(9) == 9 and distributed.token_divisor(0) == 1
+    model = small_lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert distributed.shard(model) is model
+    assert distributed.shard(model, None) == (model, None)
+    with distributed.gathered(model, None):
+        pass
+    assert all(type(p) is torch.nn.Parameter for p in model.parameters())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory, repo_root, tiny_models):
+    """Each rank's report (rank{r}.json) of tests/fsdp_worker.py under torchrun --nproc_per_node 2 (gloo)."""
+    out = tmp_path_factory.mktemp("fsdp")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(repo_root))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    proc = subprocess.run(
+        [*cmd, str(repo_root / "tests" / "fsdp_worker.py"), str(out)],
+        env=env, cwd=repo_root, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def test_task_split_keeps_groups_whole_and_covers_every_task_once(two_ranks):
+    r0, r1 = two_ranks
+    assert (r0["world"], r1["world"]) == (2, 2)
+    # rank 1 passed another list: rank 0's is split (contiguous shares, sizes 3 and 4)
+    assert r0["local_tasks"] == [11, 12, 13] and r1["local_tasks"] == [14, 15, 16, 17]
+    for report in two_ranks:
+        seeds = report["gathered_seeds"]  # (rank, seed) of every env of every rank, gathered in rank order
+        assert [s for _, s in seeds] == [s for s in range(11, 18) for _ in range(3)]
+        rank_of = {}
+        for r, s in seeds:
+            assert rank_of.setdefault(s, r) == r, f"task {s} is split across ranks"
+
+
+def test_metric_reduce_and_step_padding(two_ranks):
+    for report in two_ranks:
+        assert report["sum_dict"] == {"count": 3, "loss_sum": 0.75}
+        assert report["sum_number"] == 3
+        assert report["token_divisor"] == pytest.approx((5 + 9) / 2)
+    assert two_ranks[0]["steps"] == [0, None] and two_ranks[1]["steps"] == [0, 1]
+
+
+def test_two_rank_token_mean_step_equals_one_process(two_ranks):
+    for report in two_ranks:
+        # the clipped total gradient norm (before clipping), the gradients and the weights after one AdamW step
+        norm, ref_norm = report["grad_norm"]
+        assert norm == pytest.approx(ref_norm, rel=1e-5)
+        assert report["max_grad_diff"] <= 1e-4 * report["max_grad"]
+        # Adam's first step is about lr * sign(grad): float noise in tiny gradients moves a weight by a small part
+        # of it (measured: 1%)
+        assert report["max_weight_change"] > 5e-4
+        assert report["max_weight_diff"] <= 0.05 * report["max_weight_change"]
+
+
+def test_generation_inside_gathered_and_dcp_round_trip(two_ranks):
+    for report in two_ranks:
+        assert report["generation_equal"] and report["resharded"]
+        dcp = report["dcp"]
+        assert dcp["moved"] > 0 and dcp["back"] == 0.0 and dcp["back_optimizer"] == 0.0
+        assert dcp["state"] == {"note": f"rank {report['rank']}", "world_size": 2}
+    assert {".metadata", "rank0.pt", "rank1.pt"} <= set(two_ranks[0]["checkpoint_files"])
+
+
+def test_run_folder_written_by_rank_0_and_resumed_from_dcp(two_ranks):
+    r0, r1 = two_ranks[0]["run"], two_ranks[1]["run"]
+    assert r0["dir"] == r1["dir"] == r0["resumed_dir"] == r1["resumed_dir"]  # rank 0's folder (run0), on both
+    assert r0["dir"].endswith("run0")
+    assert {"config.json", "metrics.jsonl", "checkpoints", "learning_curve.png"} <= set(r0["files"])
+    # rank 0's rows only; the resume dropped the row logged after the checkpoint
+    assert r0["metrics"] == [{"value": 0.0, "iteration": 1}]
+    for rank, report in enumerate((r0, r1)):
+        assert report["state"] == {"iteration": 1, "extra": {"buffer": [rank]}}
+        assert report["weights_back"] == 0.0
+        draw, expected = report["draw"]
+        assert draw == expected
+
+
+def test_dcp_checkpoint_needs_its_number_of_processes(two_ranks):
+    folder = next(pathlib.Path(two_ranks[0]["run"]["dir"]).glob("checkpoints/*.dcp"))
+    assert run.find_checkpoint(folder.parents[1]) == folder
+    with pytest.raises(run.BadInput, match="written by 2 processes and this run has 1"):
+        run.read_checkpoint(folder)
