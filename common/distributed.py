@@ -20,7 +20,9 @@ micro-batches with None, for which `zero_backward` runs a pass that adds nothing
 
 from __future__ import annotations
 
+import builtins
 import contextlib
+import functools
 import os
 import pathlib
 import shutil
@@ -42,7 +44,9 @@ def init(device: torch.device) -> torch.device:
     """Join torchrun's process group when it started more than one process; returns this rank's device.
 
     torchrun sets WORLD_SIZE, RANK, LOCAL_RANK and the rendezvous address. On CUDA each rank takes GPU LOCAL_RANK
-    and NCCL; on the CPU, gloo. Without torchrun (or with one process) nothing happens and `device` is returned.
+    and NCCL; on the CPU, gloo. The other ranks' print() is silenced (rank 0 prints the run's progress once; pass
+    force=True to print from any rank); errors still show. Without torchrun (or with one process) nothing happens
+    and `device` is returned.
     """
     global _MESH, _DEVICE
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
@@ -56,6 +60,14 @@ def init(device: torch.device) -> torch.device:
 
     _MESH = init_device_mesh(device.type, (dist.get_world_size(),))
     _DEVICE = device
+    if dist.get_rank() != 0:
+        builtin_print = builtins.print
+
+        def rank_print(*args, force: bool = False, **kwargs):
+            if force:
+                builtin_print(*args, **kwargs)
+
+        builtins.print = rank_print
     return device
 
 
@@ -150,6 +162,21 @@ def gathered(*models: nn.Module | None) -> Iterator[None]:
             model._rspo_gathered = False
 
 
+def full_weights(fn):
+    """Decorator: `fn` runs inside `gathered(...)` of the sharded models among its arguments (rollouts, no-grad
+    log-probs, evaluation: passes without gradients that ranks run different numbers of times). One process: the
+    plain call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if not active():
+            return fn(*args, **kwargs)
+        with gathered(*(a for a in (*args, *kwargs.values()) if isinstance(a, nn.Module) and _fsdp_modules(a))):
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
 def steps(chunks: Sequence) -> list:
     """`chunks` (a rank's minibatches or micro-batches) padded with None to the largest count on any rank: each
     forward and backward of a sharded model is collective, so every rank runs as many. One process: unchanged."""
@@ -219,6 +246,15 @@ def sum_all(x):
     t = torch.tensor(float(x), dtype=torch.float64, device=_DEVICE)
     dist.all_reduce(t)
     return int(t.item()) if isinstance(x, int) else float(t.item())
+
+
+def mean_all(value: float, weight: float) -> float:
+    """The mean over the ranks of each rank's `value` weighted by its `weight` (e.g. a share of this rank's groups,
+    weighted by their number). One process: value."""
+    if not active():
+        return value
+    total = sum_all({"sum": float(value) * weight, "weight": float(weight)})
+    return total["sum"] / max(total["weight"], 1e-12)
 
 
 def token_divisor(n: int) -> float:
@@ -304,14 +340,33 @@ def load_checkpoint(
     return read_rank_state(folder)
 
 
-def save_pretrained(model: nn.Module, folder: pathlib.Path) -> None:
-    """model.save_pretrained(folder) with the full weights (gathered from the shards onto rank 0, which writes)."""
-    if not active():
-        model.save_pretrained(folder)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def save_pretrained(folder: pathlib.Path, *objects) -> None:
+    """obj.save_pretrained(folder) for each model or tokenizer; under torchrun rank 0 writes, a sharded model's full
+    weights gathered from the shards (collective)."""
+    for obj in objects:
+        if active() and isinstance(obj, nn.Module):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if is_main():
-        model.save_pretrained(folder, state_dict=full)
+            full = get_model_state_dict(obj, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if is_main():
+                obj.save_pretrained(folder, state_dict=full)
+        elif is_main():
+            obj.save_pretrained(folder)
     barrier()
+
+
+def check(tasks_per_iteration: int, rollout_backend: str = "hf") -> None:
+    """common.run.BadInput when a run cannot be split over this many processes: fewer tasks per iteration than
+    ranks (each rank plays whole tasks), or the vLLM backend (its engine holds the full weights itself; not wired
+    to FSDP). One process: nothing to check."""
+    from common.run import BadInput
+
+    if not active():
+        return
+    if tasks_per_iteration < world_size():
+        raise BadInput(
+            f"--tasks-per-iteration {tasks_per_iteration}: must be >= the number of processes ({world_size()}), "
+            "each of which plays whole tasks"
+        )
+    if rollout_backend != "hf":
+        raise BadInput(f"--rollout-backend {rollout_backend}: under torchrun only `hf` generation is supported")
