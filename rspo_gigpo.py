@@ -12,13 +12,14 @@ outcome-reward update. `--reward-mode outcome|process` runs the baselines.
 import copy
 import dataclasses
 import difflib
+import functools
 import os
 import random
 import sys
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,7 +36,7 @@ class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
     seed: int = 1
-    """seed of the experiment (tasks, sampling, the tiny model's warm start)"""
+    """seed of the experiment (tasks, sampling)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True` and deterministic algorithms"""
     cuda: bool = True
@@ -57,23 +58,19 @@ class Args:
     env_preset: Literal["small", "default"] = "small"
     """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
     max_steps: int | None = None
-    """environment steps per episode (None: WebShop 15; ALFWorld 50, or 15 for the embedded small preset, whose
-    expert needs at most 10)"""
+    """steps per episode (None: ALFWorld's 50; 15 on WebShop and on ALFWorld's embedded small preset)"""
     process_reward: Literal["aligned", "misaligned"] = "misaligned"
-    """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` forgets part of the
-    task (WebShop: the goal's options; ALFWorld: the object's clean/hot/cool state), see envs/"""
+    """the dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` forgets part of the task"""
     history_len: int = 2
-    """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
+    """previous (observation, action) turns in each prompt (the tiny model's short form: actions only)"""
     max_prompt_tokens: int | None = None
-    """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
-    capped by the model's context minus max_new_tokens"""
+    """prompt budget, oldest history dropped first (None: the tiny model's 512, else 4096; within the context)"""
 
     # Model and rollout
     model_name: str = "tiny"
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
     tiny_seed: int = 1
-    """which tiny model: the seed of its build (1: the committed one, the same weights on every machine; others are
-    built and cached on first use); --seed varies the training run from the same start"""
+    """which tiny model: the seed of its build (1: the committed one; others are built on first use)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
     generation_batch_size: int | None = None
@@ -87,7 +84,7 @@ class Args:
     num_iterations: int = 30
     """training iterations (one rollout batch and one update each)"""
     total_env_steps: int = 0
-    """stop after the iteration in which the environment steps (explorer included) reach this budget (0: none)"""
+    """stop after the iteration whose environment steps (explorer included) reach this budget (0: none)"""
     tasks_per_iteration: int = 4
     """B: tasks (GiGPO episode groups) per iteration"""
     group_size: int = 4
@@ -107,10 +104,9 @@ class Args:
     step_adv_weight: float = 1.0
     """w in A = A^E + w * A^S"""
     norm_adv_by_std: bool | None = None
-    """divide episode and step advantages by their group's std (None: ALFWorld yes, WebShop no; the flags
-    `--norm-adv-by-std` / `--no-norm-adv-by-std` are accepted)"""
+    """divide A^E and A^S by their group's std (None: ALFWorld yes, WebShop no; --no-norm-adv-by-std also works)"""
     similarity_thresh: float | None = None
-    """group similar anchor states (difflib ratio >= this, greedy to a group's first anchor) instead of identical"""
+    """group similar anchor states (difflib ratio >= this to a group's first anchor) instead of identical ones"""
     clip_coef: float = 0.2
     """surrogate clipping coefficient epsilon"""
     dual_clip: float = 3.0
@@ -132,9 +128,7 @@ class Args:
     explorer_rollouts_per_task: int = 4
     """G_off: explorer rollouts per task (swap mode)"""
     explorer: Literal["agent_b", "one_step"] = "agent_b"
-    """`agent_b`: a persistent explorer trained with GiGPO on the process reward on its own rollouts; `one_step`:
-    re-copied from the policy every iteration and given one GiGPO step on the policy's batch before it plays
-    (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    """`agent_b`: persistent, learns on its own rollouts; `one_step` (comparison): re-copied, one step, then plays"""
     explorer_sync_every: int = 20
     """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
     explorer_learning_rate: float | None = 5e-4
@@ -160,8 +154,7 @@ class Args:
     num_eval_tasks: int = 50
     """held-out tasks (the first seeds of --eval-split)"""
     eval_split: str | None = None
-    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`; `valid`: the training seeds after the pool,
-    never trained on, where defaults are chosen)"""
+    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`; `valid`: the train seeds after the pool)"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64
@@ -276,8 +269,7 @@ def build_step_groups(group_ids, anchor_obs: list[str], similarity_thresh: float
     out: list[int] = []
     num_groups = 0
     for g, anchor in zip(groups, anchor_obs):
-        key = (g, anchor)
-        if key not in index:
+        if (g, anchor) not in index:
             found = None
             if similarity_thresh is not None:
                 for rep, k in representatives.get(g, []):
@@ -287,8 +279,8 @@ def build_step_groups(group_ids, anchor_obs: list[str], similarity_thresh: float
             if found is None:
                 found, num_groups = num_groups, num_groups + 1
                 representatives.setdefault(g, []).append((anchor, found))
-            index[key] = found
-        out.append(index[key])
+            index[(g, anchor)] = found
+        out.append(index[(g, anchor)])
     return torch.tensor(out, dtype=torch.long)
 
 
@@ -317,26 +309,18 @@ def compute_step_advantages(
 
 
 def compute_gigpo_advantages(
-    episode_returns: torch.Tensor,
-    step_returns: torch.Tensor,
-    group_ids,
-    traj_ids,
-    anchor_obs: list[str],
-    step_weight: float = 1.0,
-    norm_by_std: bool = False,
-    eps: float = 1e-6,
-    similarity_thresh: float | None = None,
+    episode_returns: torch.Tensor, step_returns: torch.Tensor, group_ids, traj_ids, anchor_obs: list[str],
+    step_weight: float = 1.0, norm_by_std: bool = False, eps: float = 1e-6, similarity_thresh: float | None = None,
     return_components: bool = False,
-):
+):  # fmt: skip
     """GiGPO advantage of every turn: A_{i,t} = A^E_i + step_weight * A^S_{i,t}.
 
-    All inputs one entry per turn (N turns of all trajectories of the batch, any order, a trajectory's turns in
-    time order): episode_returns [N] (trajectory return on each of its turns), step_returns [N] (R_{i,t} =
+    All inputs one entry per turn (N turns of the batch, any order, a trajectory's turns in time order):
+    episode_returns [N] (the trajectory's return on each of its turns), step_returns [N] (R_{i,t} =
     sum_k gamma^k r_{i,t+k}, see compute_discounted_step_returns), group_ids (task group) and traj_ids: N
     hashable values or [N] integer tensors, anchor_obs: N anchor-state strings.
-    A^E: compute_episode_advantages (GRPO over the trajectories of a task group, each once).
-    A^S: compute_step_advantages over build_step_groups(group_ids, anchor_obs, similarity_thresh): identical
-    (or similar) anchors within a task group, across trajectories and time steps; singleton groups give 0.
+    A^E: compute_episode_advantages; A^S: compute_step_advantages over build_step_groups (identical, or similar,
+    anchors within a task group, across trajectories and time steps; singleton groups give 0).
     Returns [N]; with return_components=True a tuple (A [N], A^E [N], A^S [N], step_group_ids [N] long).
     """
     n = len(episode_returns)
@@ -346,9 +330,7 @@ def compute_gigpo_advantages(
     step_group_ids = build_step_groups(group_ids, anchor_obs, similarity_thresh)
     step_adv = compute_step_advantages(step_returns, step_group_ids.to(step_returns.device), norm_by_std, eps)
     adv = episode_adv + step_weight * step_adv
-    if return_components:
-        return adv, episode_adv, step_adv, step_group_ids
-    return adv
+    return (adv, episode_adv, step_adv, step_group_ids) if return_components else adv
 
 
 def compute_discounted_step_returns(rewards: torch.Tensor, traj_ids, gamma: float = 0.95) -> torch.Tensor:
@@ -589,93 +571,75 @@ class ReplayBuffer:
             self.entries.append((j, Trajectory(**{**t, "turns": turns})))
 
 
-# Script plumbing: rollout, GiGPO advantages of a batch, training rows, update, evaluation
+# Script plumbing: rollout, GiGPO advantages of a batch, training rows, update, evaluation (these may read args)
 
 
 def rollout(
-    model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
-    history_len, short, by_number, max_prompt_tokens, outcome_scale, autocast,
+    model, generator, tokenizer, envs, task_seeds, group_size: int, args: Args, *, sampler: str, iteration: int,
+    temperature: float, autocast,
 ) -> tuple[list[Trajectory], dict]:  # fmt: skip
-    """Play len(task_seeds) * group_size episodes in lockstep (group = same seed), one batched generate per turn.
+    """Play len(task_seeds) * group_size episodes in lockstep (group = same seed), one batched generate per turn
+    (greedy at temperature 0). Stats: env steps, generated tokens, seconds of generation.
 
     Records per turn the prompt/response ids, behaviour log-probs, the anchor state the turn acted in and both
     rewards. A response without a parsable action is an invalid turn; the env gets it verbatim and answers as
     the original does (ALFWorld `Nothing happens.`, WebShop the same page; the anchor stays put).
     """
+    short = models.is_tiny(args.model_name)  # the tiny model's short prompt numbers the admissible actions
+    by_number = cenvs.env_module(args.env).TINY_ANSWER_BY_NUMBER if short else None  # WebShop's products as #k
+    context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    budget = args.max_prompt_tokens or (512 if short else 4096)  # 512: the tiny model's warm-start prompts
+    budget = min(budget, context - args.max_new_tokens)
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)
     obs, infos = envs.reset(seeds)
     histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]
     turns: list[list[Turn]] = [[] for _ in range(n)]
     active = [True] * n
-    gen_tokens, gen_time = 0, 0.0
+    stats = {"env_steps": 0, "gen_tokens": 0, "gen_s": 0.0}
     while any(active):
         idx = [i for i in range(n) if active[i]]
-        batch_prompts = [
-            prompts.encode_prompt(
-                tokenizer,
-                infos[i]["task"],
-                obs[i],
-                histories[i],
-                infos[i]["admissible_actions"],
-                history_len=history_len,
-                short=short,
-                by_number=by_number,
-                max_prompt_tokens=max_prompt_tokens,
-            )  # fmt: skip
-            for i in idx
-        ]
+        batch_prompts = [prompts.encode_prompt(
+            tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
+            history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=budget,
+        ) for i in idx]  # fmt: skip
         t0 = time.perf_counter()
         with autocast():
-            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
-        gen_time += time.perf_counter() - t0
+            gens = generator.generate(
+                model, batch_prompts, temperature=temperature if temperature > 0 else 1.0, top_p=1.0,
+                greedy=temperature <= 0,
+            )  # fmt: skip
+        stats["gen_s"] += time.perf_counter() - t0
         actions: list[str | None] = [None] * n
-        parsed = {}
+        valid: list[bool] = [False] * n
         for k, i in enumerate(idx):
-            # The short prompt numbers the admissible actions: an answer "3" is the third of them.
-            action, valid = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
-            parsed[i] = (action if valid else gens[k].text, valid)
-            actions[i] = parsed[i][0]
-            gen_tokens += len(gens[k].token_ids)
+            # an answer "3" to the short prompt is the third admissible action; an invalid one goes to the env verbatim
+            action, valid[i] = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
+            actions[i] = action if valid[i] else gens[k].text
+            stats["gen_tokens"] += len(gens[k].token_ids)
         next_obs, rewards, dones, next_infos = envs.step(actions)
         for k, i in enumerate(idx):
             g = gens[k]
             if len(g.logprobs) != len(g.token_ids):
                 raise RuntimeError(f"generator returned {len(g.logprobs)} log-probs for {len(g.token_ids)} tokens")
-            turns[i].append(
-                Turn(
-                    prompt_ids=batch_prompts[k],
-                    response_ids=list(g.token_ids),
-                    behaviour_logprobs=list(g.logprobs),
-                    action=parsed[i][0],
-                    valid=parsed[i][1],
-                    anchor_obs=infos[i]["anchor"],
-                    outcome_reward=float(rewards[i]),
-                    process_reward=float(next_infos[i]["process_reward"]),
-                    done=bool(dones[i]),
-                    truncated=bool(next_infos[i].get("truncated", False)),
-                )  # fmt: skip
-            )
-            histories[i].append((obs[i], parsed[i][0]))
+            turns[i].append(Turn(
+                prompt_ids=batch_prompts[k], response_ids=list(g.token_ids), behaviour_logprobs=list(g.logprobs),
+                action=actions[i], valid=valid[i], anchor_obs=infos[i]["anchor"], outcome_reward=float(rewards[i]),
+                process_reward=float(next_infos[i]["process_reward"]), done=bool(dones[i]),
+                truncated=bool(next_infos[i].get("truncated", False)),
+            ))  # fmt: skip
+            histories[i].append((obs[i], actions[i]))
             obs[i], infos[i] = next_obs[i], next_infos[i]
             active[i] = not dones[i]
     trajectories = []
     for i in range(n):
         won = bool(infos[i]["won"])
-        trajectories.append(
-            Trajectory(
-                task_seed=seeds[i],
-                group_id=seeds[i],
-                turns=turns[i],
-                won=won,
-                task_score=float(infos[i].get("task_score", float(won))),
-                outcome_return=outcome_scale * float(won),
-                process_return=float(sum(t.process_reward for t in turns[i])),
-                sampler=sampler,
-                iteration=iteration,
-            )  # fmt: skip
-        )
-    stats = {"env_steps": sum(len(t) for t in turns), "gen_tokens": gen_tokens, "gen_s": gen_time}
+        trajectories.append(Trajectory(
+            task_seed=seeds[i], group_id=seeds[i], turns=turns[i], won=won,
+            task_score=float(infos[i].get("task_score", float(won))), outcome_return=args.outcome_scale * float(won),
+            process_return=float(sum(t.process_reward for t in turns[i])), sampler=sampler, iteration=iteration,
+        ))  # fmt: skip
+    stats["env_steps"] = sum(len(t) for t in turns)
     return trajectories, stats
 
 
@@ -683,11 +647,8 @@ def gigpo_turn_advantages(
     trajectories: list[Trajectory], reward: Literal["outcome", "process"], *, outcome_scale, gamma, step_weight,
     norm_by_std, similarity_thresh, invalid_penalty,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:  # fmt: skip
-    """GiGPO over the flattened turns of `trajectories` (swapped ones are ordinary members of their task's
-    episode group and anchor-state groups).
-
-    Returns (A [M] before the penalty, A - invalid_penalty * invalid [M], step-group statistics).
-    """
+    """GiGPO over the flattened turns of `trajectories` (swapped ones are ordinary members of their task's episode
+    group and anchor-state groups). Returns (A [M], A - invalid_penalty * invalid [M], step-group statistics)."""
     episode, rewards = turn_rewards(trajectories, reward, outcome_scale)
     traj_ids = torch.tensor([i for i, t in enumerate(trajectories) for _ in t.turns], dtype=torch.long)
     group_ids = [t.group_id for t in trajectories for _ in t.turns]
@@ -712,23 +673,21 @@ def gigpo_turn_advantages(
 
 def nonzero_adv_group_share(trajectories: list[Trajectory], turn_advantages: torch.Tensor) -> float:
     """Share of task groups in which some turn has a non-zero advantage (a group that gives a gradient)."""
-    group_ids = [t.group_id for t in trajectories for _ in t.turns]
     groups: dict[int, bool] = {}
-    for g, a in zip(group_ids, turn_advantages.tolist()):
+    for g, a in zip([t.group_id for t in trajectories for _ in t.turns], turn_advantages.tolist()):
         groups[g] = groups.get(g, False) or abs(a) > 1e-8
     return sum(groups.values()) / max(1, len(groups))
 
 
 @dataclass
 class Row:
-    """One training row: a turn's prompt + response with its advantage and how it was sampled."""
+    """One training row: a turn's prompt + response, its advantage, and whether it is a swapped explorer turn."""
 
     input_ids: list[int]
     prompt_len: int
     behaviour_logprobs: list[float]
     advantage: float
-    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy term on it
-    off_policy: bool  # sampled by another model than the one being trained: gets importance weights
+    swapped: bool  # a swapped explorer turn in the policy's update: importance-weighted, no KL / entropy term
     iteration: int  # the iteration that sampled it
     turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
     old_logprobs: torch.Tensor | None = None  # [response_len], filled by prepare_rows
@@ -736,24 +695,15 @@ class Row:
     is_weights: torch.Tensor | None = None
 
 
-def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offset: int = 0) -> list[Row]:
-    """Training rows of all turns with a response (advantages 0 until set_advantages)."""
+def make_rows(trajectories: list[Trajectory], turn_offset: int = 0) -> list[Row]:
+    """Training rows of all turns with a response (advantages 0 until set_advantages). A trajectory whose reward
+    was swapped gives swapped rows; agent B's own rollouts, process reward still on them, are its own rows."""
     rows, k = [], turn_offset
-    for traj, off in zip(trajectories, off_policy):
+    for traj in trajectories:
         for turn in traj.turns:
             if turn.response_ids:  # an empty response has no token to train on
-                rows.append(
-                    Row(
-                        input_ids=turn.prompt_ids + turn.response_ids,
-                        prompt_len=len(turn.prompt_ids),
-                        behaviour_logprobs=turn.behaviour_logprobs,
-                        advantage=0.0,
-                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
-                        off_policy=off,
-                        iteration=traj.iteration,
-                        turn_index=k,
-                    )  # fmt: skip
-                )
+                ids, swapped = turn.prompt_ids + turn.response_ids, traj.process_return is None
+                rows.append(Row(ids, len(turn.prompt_ids), turn.behaviour_logprobs, 0.0, swapped, traj.iteration, k))
             k += 1
     return rows
 
@@ -788,7 +738,7 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
         "attention_mask": torch.zeros((b, width), dtype=torch.long),
         "response_mask": torch.zeros((b, width - 1), dtype=torch.bool),
     }
-    per_token = {"behaviour": "behaviour_logprobs", "old": "old_logprobs", "ref": "ref_logprobs", "w": "is_weights"}
+    per_token = {"old": "old_logprobs", "ref": "ref_logprobs", "w": "is_weights"}
     for key in per_token:
         out[key] = torch.zeros((b, width - 1))
     for k, r in enumerate(rows):
@@ -797,48 +747,33 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
         out["attention_mask"][k, :n] = 1
         out["response_mask"][k, s : n - 1] = True
         for key, name in per_token.items():
-            value = getattr(r, name)
-            if value is not None:
-                out[key][k, s : n - 1] = torch.as_tensor(value, dtype=torch.float32)
+            if getattr(r, name) is not None:
+                out[key][k, s : n - 1] = torch.as_tensor(getattr(r, name), dtype=torch.float32)
     out["advantages"] = torch.tensor([r.advantage for r in rows]).unsqueeze(1)
     out["own"] = torch.tensor([not r.swapped for r in rows]).unsqueeze(1)
-    out["off_policy"] = torch.tensor([r.off_policy for r in rows]).unsqueeze(1)
     return {k: v.to(device) for k, v in out.items()}
 
 
 @torch.no_grad()
-def response_logprobs(model, rows, *, temperature, pad_id, device, micro_batch_tokens, autocast) -> list[torch.Tensor]:
-    """[response_len] log-probs of each row's response under `model` at `temperature` (CPU tensors)."""
-    was_training = model.training
-    model.eval()
-    out: list[torch.Tensor | None] = [None] * len(rows)
-    by_length = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))  # less padding
-    for chunk in pack_by_tokens([len(rows[i].input_ids) for i in by_length], micro_batch_tokens, padded=True):
-        chunk = [by_length[i] for i in chunk]
-        batch = collate([rows[i] for i in chunk], pad_id, device)
-        with autocast():
-            lp, _ = token_logprobs(
-                model, batch["input_ids"], batch["attention_mask"], temperature, response_mask=batch["response_mask"]
-            )
-        for k, i in enumerate(chunk):
-            out[i] = lp[k][batch["response_mask"][k]].cpu()
-    model.train(was_training)
-    return out
-
-
-@torch.no_grad()
-def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
-    """Fill old log-probs (the model before its update), reference log-probs (unless ref_model is None: kept) and
-    truncated IS weights per row."""
-    kw = dict(temperature=temperature, pad_id=pad_id, device=device, micro_batch_tokens=micro_batch_tokens)
-    old = response_logprobs(model, rows, autocast=autocast, **kw)
-    ref = response_logprobs(ref_model, rows, autocast=autocast, **kw) if ref_model is not None else [None] * len(rows)
-    for r, o, f in zip(rows, old, ref):
+def prepare_rows(model, ref_model, rows: list[Row], args: Args, *, pad_id: int, autocast) -> None:
+    """Fill each row's old log-probs (`model` before its update) and reference log-probs ([response_len], at the
+    sampling temperature) and its truncated importance weights min(pi_old / pi_behaviour, is_cap) (1 if own)."""
+    by_length = sorted(rows, key=lambda r: len(r.input_ids))  # less padding
+    for net, field in ((model, "old_logprobs"), (ref_model, "ref_logprobs")):
+        was_training, device = net.training, next(net.parameters()).device
+        net.eval()
+        for chunk in pack_by_tokens([len(r.input_ids) for r in by_length], args.micro_batch_tokens, padded=True):
+            b = collate([by_length[i] for i in chunk], pad_id, device)
+            with autocast():
+                lp, _ = token_logprobs(
+                    net, b["input_ids"], b["attention_mask"], args.temperature, response_mask=b["response_mask"]
+                )
+            for k, i in enumerate(chunk):
+                setattr(by_length[i], field, lp[k][b["response_mask"][k]].cpu())
+        net.train(was_training)
+    for r in rows:
         behaviour = torch.tensor(r.behaviour_logprobs, dtype=torch.float32)
-        r.old_logprobs = o
-        if f is not None:
-            r.ref_logprobs = f
-        r.is_weights = truncated_importance_weights(o, behaviour, is_cap, torch.tensor(r.off_policy))
+        r.is_weights = truncated_importance_weights(r.old_logprobs, behaviour, args.is_cap, torch.tensor(r.swapped))
 
 
 class NonFiniteLoss(RuntimeError):
@@ -854,94 +789,73 @@ def finite_weights(model: torch.nn.Module) -> bool:
     return bool(torch.isfinite(total))
 
 
-def update(
-    model, optimizer, rows, *, epochs, minibatch_tokens, micro_batch_tokens, clip_coef, dual_clip, kl_coef, ent_coef,
-    max_grad_norm, temperature, use_is_weights, pad_id, device, autocast,
-) -> dict[str, float]:  # fmt: skip
+def update(model, optimizer, rows: list[Row], args: Args, *, epochs: int, pad_id: int, autocast) -> dict[str, float]:
     """Policy-gradient update: epochs x token-budget minibatches (one AdamW step each) x micro-batches (gradient
-    accumulation).
-
-    Loss per minibatch = sum(policy token losses) / n_response_tokens
-                         + kl_coef * sum(k3 KL) / n_own_tokens - ent_coef * sum(entropy) / n_own_tokens,
-    where own tokens are the trained model's own turns (not swapped explorer turns).
-    """
+    accumulation). Loss per minibatch = sum(policy token losses) / n_response_tokens
+    + kl_coef * sum(k3 KL) / n_own_tokens - ent_coef * sum(entropy) / n_own_tokens (own: not swapped)."""
     model.train()
+    device = next(model.parameters()).device
     sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip": 0.0, "tokens": 0, "own": 0}
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
+        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
             mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
             n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
             n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
-            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
+            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True):
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask = b["response_mask"]
                 with autocast():
                     logprobs, entropy = token_logprobs(
-                        model,
-                        b["input_ids"],
-                        b["attention_mask"],
-                        temperature,
-                        with_entropy=ent_coef != 0,
-                        response_mask=b["response_mask"],
-                    )
-                weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
+                        model, b["input_ids"], b["attention_mask"], args.temperature, with_entropy=args.ent_coef != 0,
+                        response_mask=mask,
+                    )  # fmt: skip
+                weights = b["w"] if args.off_policy_correction == "tis" else torch.ones_like(b["w"])
                 pg_sum, n_clipped = policy_loss(
-                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=clip_coef, dual_clip=dual_clip
+                    logprobs, b["old"], b["advantages"], mask, weights, args.clip_coef, args.dual_clip
                 )
                 own = (mask & b["own"]).float()
                 kl_sum = (kl_k3(logprobs, b["ref"]) * own).sum()
                 ent_sum = (entropy * own).sum() if entropy is not None else torch.zeros((), device=device)
-                loss = pg_sum / n_tokens + kl_coef * kl_sum / n_own - ent_coef * ent_sum / n_own
+                loss = pg_sum / n_tokens + args.kl_coef * kl_sum / n_own - args.ent_coef * ent_sum / n_own
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"loss = {loss.item()}")
                 loss.backward()
                 with torch.no_grad():
                     log_ratio = (logprobs - b["old"])[mask]
                     sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
-                sums["policy_loss"] += pg_sum.item()
-                sums["kl"] += kl_sum.item()
-                sums["entropy"] += ent_sum.item()
-                sums["clip"] += n_clipped.item()
+                for key, value in (("policy_loss", pg_sum), ("kl", kl_sum), ("entropy", ent_sum), ("clip", n_clipped)):
+                    sums[key] += value.item()
                 sums["tokens"] += int(mask.sum())
                 sums["own"] += int(own.sum())
                 trained_tokens += int(b["attention_mask"].sum())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             if not finite_weights(model):
                 raise NonFiniteLoss("an optimiser step made the weights non-finite")
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
-    stats = {
-        "policy_loss": sums["policy_loss"] / n,
-        "kl": sums["kl"] / n_own,
-        "clip_frac": sums["clip"] / n,
-        "approx_kl": sums["approx_kl"] / n,
-        "trained_tokens": trained_tokens,
-        "update_rows": len(rows),
-    }
-    if ent_coef != 0:
+    stats = {"policy_loss": sums["policy_loss"] / n, "kl": sums["kl"] / n_own, "clip_frac": sums["clip"] / n}
+    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=len(rows))
+    if args.ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
     return stats
 
 
-def evaluate(
-    model, generator, tokenizer, make_envs, seeds, *, env_name, batch_size, temperature, rollout_kw
-) -> dict[str, float]:
+def evaluate(model, generator, tokenizer, make_envs, seeds: list[int], args: Args, *, autocast) -> dict[str, float]:
     """Held-out episodes (one per seed): success rate (and WebShop score, 100 * mean purchase reward), 95% CIs."""
     won, scores = [], []
-    for start in range(0, len(seeds), batch_size):
-        chunk = seeds[start : start + batch_size]
-        trajs, _ = rollout(
-            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, sampler="policy", iteration=-1,
-            temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, **rollout_kw,
+    for start in range(0, len(seeds), args.eval_batch_size):
+        chunk = seeds[start : start + args.eval_batch_size]
+        trajectories, _ = rollout(
+            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, args, sampler="policy", iteration=-1,
+            temperature=args.eval_temperature, autocast=autocast,
         )  # fmt: skip
-        won += [float(t.won) for t in trajs]
-        scores += [100.0 * t.task_score for t in trajs]
-    success, success_ci = run.mean_ci95(won)
-    metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
-    if env_name == "webshop":
+        won += [float(t.won) for t in trajectories]
+        scores += [100.0 * t.task_score for t in trajectories]
+    metrics = dict(zip(("eval/success_rate", "eval/success_ci95"), run.mean_ci95(won)))
+    if args.env == "webshop":
         metrics["eval/score"], metrics["eval/score_ci95"] = run.mean_ci95(scores)
     return metrics
 
@@ -991,11 +905,19 @@ def bool_flag_pair(argv: list[str], name: str) -> list[str]:
     return out
 
 
+@contextmanager
+def timed(metrics: dict, key: str):
+    """Add the seconds spent in the `with` block to metrics[key]."""
+    start = time.perf_counter()
+    yield
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
+
+
 if __name__ == "__main__":
     args = tyro.cli(Args, args=bool_flag_pair(sys.argv[1:], "norm-adv-by-std"))
-    # Per-benchmark defaults (GiGPO's settings: ALFWorld mean/std normalisation, WebShop mean-only)
+    # Per-benchmark defaults (GiGPO's settings: ALFWorld mean/std normalisation, WebShop mean-only). ALFWorld's step
+    # limit is 50; the embedded small preset's expert needs at most 10 steps, so 15 there (CPU time).
     if args.max_steps is None:
-        # ALFWorld's limit is 50; the embedded small preset's expert needs at most 10 steps, so 15 there (CPU time)
         small_alfworld = args.env == "alfworld" and args.env_backend == "embedded" and args.env_preset == "small"
         args.max_steps = 50 if args.env == "alfworld" and not small_alfworld else 15
     if args.norm_adv_by_std is None:
@@ -1007,11 +929,9 @@ if __name__ == "__main__":
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
     if args.train_pool_size < args.tasks_per_iteration:
         raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
-    if args.similarity_thresh is not None and not 0.0 < args.similarity_thresh <= 1.0:
-        raise SystemExit("--similarity-thresh must be in (0, 1]")
     run_name = f"{args.env}__{args.exp_name}__{args.seed}__{int(time.time())}"
     # A mistake in the flags, the model, the env's data or the --resume run ends here, in one line, before any
-    # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
+    # file is written (run.Run checks that --resume names a readable checkpoint of a run with these flags).
     try:
         run.check_args(
             args,
@@ -1021,8 +941,8 @@ if __name__ == "__main__":
                 "num_eval_tasks", "eval_batch_size", "checkpoint_every",
                 *(["explorer_rollouts_per_task"] if swap else []),
             ),
-            positive=("temperature", "max_grad_norm", "is_cap"),
-            at_most_one=("gamma",),
+            positive=("temperature", "max_grad_norm", "is_cap", "similarity_thresh"),
+            at_most_one=("gamma", "similarity_thresh"),
         )  # fmt: skip
         try:  # the evaluation goals exist (WebShop has 500 test goals)
             cenvs.split_seeds(args.env, args.eval_split, args.num_eval_tasks, backend=args.env_backend)
@@ -1034,14 +954,12 @@ if __name__ == "__main__":
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
-
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
-    def autocast():
-        # bf16 autocast on CUDA; fp32 on the CPU. Same code path on both.
+    def autocast():  # bf16 autocast on CUDA, fp32 on the CPU: one code path on both
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
-    # Models: policy, frozen reference (the initial policy), explorer (swap mode)
+    # The policy, its frozen reference (the initial policy) and, in swap mode, the explorer (agent B)
     policy, tokenizer = models.load_model(
         args.model_name, env_name=args.env, preset=args.env_preset, seed=args.tiny_seed, device=device
     )
@@ -1052,234 +970,182 @@ if __name__ == "__main__":
     explorer = copy.deepcopy(policy) if swap else None
     explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
-    short = models.is_tiny(args.model_name)
-    # the short form writes the actions that the tiny model answers by number (WebShop's products) as #k
-    by_number = cenvs.env_module(args.env).TINY_ANSWER_BY_NUMBER if short else None
-    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    max_prompt_tokens = args.max_prompt_tokens
-    if max_prompt_tokens is None:
-        max_prompt_tokens = getattr(models, "TINY_CONFIG", {}).get("max_prompt_tokens", 512) if short else 4096
-    max_prompt_tokens = min(max_prompt_tokens, context - args.max_new_tokens)
-    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run; --model-name may
-    # be "tiny" or "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
+    # vLLM starts from a save_pretrained copy of the initial policy (rollout_model/ in the run: --model-name may be
+    # "tiny", which is no folder); the generator pushes the sampling model's weights into it before each rollout.
     generator = generation.make_generator(
         args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.generation_batch_size,
         model=policy, engine_dir=logger.dir / "rollout_model",
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
-    rollout_kw = dict(
-        history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
-        outcome_scale=args.outcome_scale, autocast=autocast,
-    )  # fmt: skip
-    env_kw = dict(
-        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
-    )
-    env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
-    def make_envs(n: int) -> cenvs.LockstepEnvs:
-        if n not in env_pool:
-            env_pool[n] = cenvs.LockstepEnvs(args.env, n, **env_kw)
-        return env_pool[n]
+    @functools.cache
+    def make_envs(n: int) -> cenvs.LockstepEnvs:  # one set of n lockstep environments, made once
+        return cenvs.LockstepEnvs(
+            args.env, n, backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps,
+            process_reward=args.process_reward,
+        )  # fmt: skip
+
+    def advantages(trajectories: list[Trajectory], reward: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        return gigpo_turn_advantages(
+            trajectories, reward, outcome_scale=args.outcome_scale, gamma=args.gamma, step_weight=args.step_adv_weight,
+            norm_by_std=args.norm_adv_by_std, similarity_thresh=args.similarity_thresh,
+            invalid_penalty=args.invalid_penalty,
+        )  # fmt: skip
+
+    def prepare(model, rows: list[Row]) -> None:  # old log-probs (before the model's update), reference, IS weights
+        prepare_rows(model, ref_model, rows, args, pad_id=pad_id, autocast=autocast)
+
+    def train(model, optimizer, rows: list[Row], epochs: int) -> dict[str, float]:
+        return update(model, optimizer, rows, args, epochs=epochs, pad_id=pad_id, autocast=autocast)
 
     train_pool, eval_seeds = cenvs.seed_pools(
         args.env, args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
     )
 
-    # Resume
+    # Resume (save_checkpoint and load_checkpoint skip the explorer's None entries outside swap mode)
     start_iteration, env_steps = 1, 0
-    modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
-    optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
+    modules = {"policy": policy, "ref": ref_model, "explorer": explorer}
+    optimizers = {"policy": optimizer, "explorer": explorer_optimizer}
     if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
         modules, optimizers = {"policy": policy}, {}
-    if args.resume:
+    if args.resume:  # run.Run has checked that the checkpoint exists and that the flags are the run's
         state = logger.load_checkpoint(modules, optimizers)
-        if not state:
-            raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
-        start_iteration = state["iteration"] + 1
-        env_steps = state["extra"]["env_steps"]
+        start_iteration, env_steps = state["iteration"] + 1, state["extra"]["env_steps"]
         if not args.eval_only:
             buffer.load_state_dict(state["extra"]["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
-    def save(iteration: int):
-        extra = {"env_steps": env_steps, "buffer": buffer.state_dict()}
-        return logger.save_checkpoint(iteration, modules, optimizers, extra=extra)
-
     def run_eval(iteration: int) -> dict[str, float]:
-        metrics = evaluate(
-            policy, generator, tokenizer, make_envs, eval_seeds, env_name=args.env, batch_size=args.eval_batch_size,
-            temperature=args.eval_temperature, rollout_kw=rollout_kw,
-        )  # fmt: skip
+        metrics = evaluate(policy, generator, tokenizer, make_envs, eval_seeds, args, autocast=autocast)
         print(f"iter {iteration}: eval " + " ".join(f"{k[5:]} {v:.3f}" for k, v in metrics.items()), flush=True)
         return metrics
 
     if args.eval_only:
-        it = start_iteration - 1
-        logger.log({"env_steps": env_steps, **run_eval(it)}, step=it)
+        logger.log({"env_steps": env_steps, **run_eval(start_iteration - 1)}, step=start_iteration - 1)
         logger.close()
         raise SystemExit(0)
     if args.eval_at_start and start_iteration == 1:
         logger.log({"env_steps": 0, **run_eval(0)}, step=0)
 
-    update_kw = dict(
-        minibatch_tokens=args.minibatch_tokens, micro_batch_tokens=args.micro_batch_tokens, clip_coef=args.clip_coef,
-        dual_clip=args.dual_clip, kl_coef=args.kl_coef, ent_coef=args.ent_coef, max_grad_norm=args.max_grad_norm,
-        temperature=args.temperature, use_is_weights=args.off_policy_correction == "tis", pad_id=pad_id,
-        device=device, autocast=autocast,
-    )  # fmt: skip
-    prepare_kw = dict(
-        temperature=args.temperature, is_cap=args.is_cap, pad_id=pad_id, device=device,
-        micro_batch_tokens=args.micro_batch_tokens, autocast=autocast,
-    )  # fmt: skip
-    adv_kw = dict(
-        outcome_scale=args.outcome_scale, gamma=args.gamma, step_weight=args.step_adv_weight,
-        norm_by_std=args.norm_adv_by_std, similarity_thresh=args.similarity_thresh,
-        invalid_penalty=args.invalid_penalty,
-    )  # fmt: skip
     policy_reward = "process" if args.reward_mode == "process" else "outcome"
-    for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
-        warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
-        for group in optimizer.param_groups:
-            group["lr"] = args.learning_rate * warmup
-        metrics: dict[str, float] = {}
+    try:
+        for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
+            warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
+            for opt, lr in ((optimizer, args.learning_rate), (explorer_optimizer, explorer_lr)):
+                for group in opt.param_groups if opt is not None else []:
+                    group["lr"] = lr * warmup
+            metrics: dict[str, float] = {"perf/rollout_s": 0.0, "perf/update_s": 0.0}
 
-        # ROLLOUT: B tasks x G_on policy rollouts (outcome and process rewards and anchor states of every turn)
-        t_rollout = time.perf_counter()
-        task_seeds = random.sample(train_pool, args.tasks_per_iteration)
-        batch, rstats = rollout(
-            policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
-            sampler="policy", iteration=iteration, temperature=args.temperature, greedy=False, **rollout_kw,
-        )  # fmt: skip
-        env_steps += rstats["env_steps"]
-        gen_tokens, gen_s = rstats["gen_tokens"], rstats["gen_s"]
-        rollout_s = time.perf_counter() - t_rollout
-        update_s, trained_tokens = 0.0, 0
-
-        try:
-            # Old and reference log-probs of the policy's turns, before any update (shared by a synced explorer).
-            t0 = time.perf_counter()
-            rows = make_rows(batch, off_policy=[False] * len(batch))
-            prepare_rows(policy, ref_model, rows, **prepare_kw)
-            update_s += time.perf_counter() - t0
-
-            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts; its
-            # trajectories, rewards swapped to the outcome, enter the buffer and join their task's groups
-            train_trajs = batch
-            if swap:
-                t0 = time.perf_counter()
-                for group in explorer_optimizer.param_groups:
-                    group["lr"] = explorer_lr * warmup
-                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
-                    explorer.load_state_dict(policy.state_dict())
-                    _, turn_adv, _ = gigpo_turn_advantages(batch, "process", **adv_kw)
-                    explorer_rows = [dataclasses.replace(r) for r in rows]  # the copy's old log-probs are the policy's
-                    set_advantages(explorer_rows, turn_adv)
-                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
-                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
-                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
-                update_s += time.perf_counter() - t0
-
-                t0 = time.perf_counter()
-                explorer_trajectories, xstats = rollout(
-                    explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
-                    args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
-                    temperature=args.temperature, greedy=False, **rollout_kw,
+            # ROLLOUT: the policy plays B tasks x G_on, then (swap mode) the explorer the same tasks x G_off
+            with timed(metrics, "perf/rollout_s"):
+                task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+                batch, stats = rollout(
+                    policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
+                    args, sampler="policy", iteration=iteration, temperature=args.temperature, autocast=autocast,
                 )  # fmt: skip
-                env_steps += xstats["env_steps"]
-                gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
-                rollout_s += time.perf_counter() - t0
-                metrics["explorer/env_steps"] = xstats["env_steps"]
+            rollout_stats = [stats]
+            with timed(metrics, "perf/update_s"):
+                rows = make_rows(batch)
+                prepare(policy, rows)  # before any update: the one-step explorer starts from these log-probs
+                if swap and args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
+                    explorer.load_state_dict(policy.state_dict())
+                    explorer_rows = [dataclasses.replace(r) for r in rows]
+                    set_advantages(explorer_rows, advantages(batch, "process")[1])
+                    explorer_stats = train(explorer, explorer_optimizer, explorer_rows, explorer_epochs)
+                elif swap and args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                    explorer.load_state_dict(policy.state_dict())  # agent B back within reach of the IS weights
+            if swap:
+                with timed(metrics, "perf/rollout_s"):
+                    explorer_trajectories, stats = rollout(
+                        explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
+                        args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
+                        temperature=args.temperature, autocast=autocast,
+                    )  # fmt: skip
+                rollout_stats.append(stats)
+            env_steps += sum(s["env_steps"] for s in rollout_stats)
 
-                if args.explorer == "agent_b":  # GiGPO on the process reward, on-policy for agent B: its own groups
-                    t0 = time.perf_counter()
-                    explorer_rows = make_rows(explorer_trajectories, off_policy=[False] * len(explorer_trajectories))
-                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
-                    _, turn_adv, _ = gigpo_turn_advantages(explorer_trajectories, "process", **adv_kw)
-                    set_advantages(explorer_rows, turn_adv)
-                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
-                    update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
-                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
-                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+            # THE SWAP (RSPO): the explorer's trajectories, rewards swapped to the outcome, enter the buffer; the
+            # buffered ones of this iteration's tasks join their task's groups in the policy's batch
+            buffered = []
+            if swap:
                 buffer.add(swap_rewards(explorer_trajectories), iteration)
                 buffered = buffer.sample(task_seeds, iteration)
-                train_trajs = batch + buffered
-                metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(buffered)
-
-                t0 = time.perf_counter()
-                n_batch_turns = sum(len(t.turns) for t in batch)
-                swapped_rows = make_rows(buffered, off_policy=[True] * len(buffered), turn_offset=n_batch_turns)
-                prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
+                with timed(metrics, "perf/update_s"):
+                    swapped_rows = make_rows(buffered, turn_offset=sum(len(t.turns) for t in batch))
+                    prepare(policy, swapped_rows)
                 rows += swapped_rows
-                update_s += time.perf_counter() - t0
-                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
 
             # ADVANTAGES: GiGPO over each task's episode group and anchor-state groups (swapped members included)
-            t0 = time.perf_counter()
-            adv_policy_only, _, _ = gigpo_turn_advantages(batch, policy_reward, **adv_kw)
-            adv, turn_adv, gstats = gigpo_turn_advantages(train_trajs, policy_reward, **adv_kw)
-            set_advantages(rows, turn_adv)
-            metrics.update(gstats)
-            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
+            with timed(metrics, "perf/update_s"):
+                adv_policy_only, _, _ = advantages(batch, policy_reward)
+                adv, turn_adv, gigpo_stats = advantages(batch + buffered, policy_reward)
+                set_advantages(rows, turn_adv)
+
+            # UPDATE: agent B on its own rollouts with the process reward (its own groups: on-policy for it), then
+            # the policy on the outcome reward (the process reward in --reward-mode process)
+            with timed(metrics, "perf/update_s"):
+                if swap and args.explorer == "agent_b":
+                    explorer_rows = make_rows(explorer_trajectories)
+                    prepare(explorer, explorer_rows)
+                    set_advantages(explorer_rows, advantages(explorer_trajectories, "process")[1])
+                    explorer_stats = train(explorer, explorer_optimizer, explorer_rows, explorer_epochs)
+                policy_stats = train(policy, optimizer, rows, args.update_epochs)
+
+            # LOG: the training curve comes from the policy's own rollouts only
+            trained_tokens = policy_stats.pop("trained_tokens")
             if swap:
-                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajs, adv)
+                trained_tokens += explorer_stats.pop("trained_tokens")
+                metrics["explorer/env_steps"] = rollout_stats[1]["env_steps"]
+                metrics.update({f"explorer/{k}": v for k, v in explorer_stats.items()})
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                metrics["buffer/size"], metrics["buffer/sampled"] = len(buffer), len(buffered)
+                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
+                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(batch + buffered, adv)
+            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
+            metrics.update(gigpo_stats)
+            metrics.update({f"losses/{k}": v for k, v in policy_stats.items() if k != "update_rows"})
+            outcome, process = [t.outcome_return for t in batch], [t.process_return for t in batch]
+            gen_tokens, gen_s = (sum(s[k] for s in rollout_stats) for k in ("gen_tokens", "gen_s"))
+            metrics.update(
+                {
+                    "env_steps": env_steps,
+                    "train/success_rate": float(np.mean([t.won for t in batch])),
+                    "train/outcome_return": float(np.mean(outcome)),
+                    "train/process_return": float(np.mean(process)),
+                    "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
+                    "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                    "perf/train_tokens_per_s": trained_tokens / max(metrics["perf/update_s"], 1e-9),
+                }
+            )
+            if args.env == "webshop":
+                metrics["train/score"] = 100.0 * float(np.mean([t.task_score for t in batch]))
+            if (corr := pearson(process, outcome)) is not None:
+                metrics["train/process_outcome_corr"] = corr
+            last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
+            if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
+                metrics.update(run_eval(iteration))
+            logger.log(metrics, step=iteration)
+            print(
+                f"iter {iteration}: steps {env_steps} success {metrics['train/success_rate']:.2f} "
+                f"step groups {metrics['gigpo/num_step_groups']:.0f} (non-singleton turns "
+                f"{metrics['gigpo/nonsingleton_turn_frac']:.2f}) |A^E| {metrics['gigpo/abs_episode_adv']:.3f} "
+                f"|A^S| {metrics['gigpo/abs_step_adv']:.3f}",
+                flush=True,
+            )
 
-            # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
-            pstats = update(policy, optimizer, rows, epochs=args.update_epochs, **update_kw)
-            update_s += time.perf_counter() - t0
-            trained_tokens += pstats["trained_tokens"]
-        except NonFiniteLoss as err:
-            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
-            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
-            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
-            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
-
-        # LOGGING (training curve from the policy's own rollouts only)
-        outcome = [t.outcome_return for t in batch]
-        process = [t.process_return for t in batch]
-        metrics.update(
-            {
-                "env_steps": env_steps,
-                "train/success_rate": float(np.mean([t.won for t in batch])),
-                "train/outcome_return": float(np.mean(outcome)),
-                "train/process_return": float(np.mean(process)),
-                "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
-                "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
-                "losses/policy_loss": pstats["policy_loss"],
-                "losses/kl": pstats["kl"],
-                "losses/clip_frac": pstats["clip_frac"],
-                "losses/approx_kl": pstats["approx_kl"],
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "perf/rollout_s": rollout_s,
-                "perf/update_s": update_s,
-                "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
-                "perf/train_tokens_per_s": trained_tokens / max(update_s, 1e-9),
-            }
-        )
-        if args.env == "webshop":
-            metrics["train/score"] = 100.0 * float(np.mean([t.task_score for t in batch]))
-        if "entropy" in pstats:
-            metrics["losses/entropy"] = pstats["entropy"]
-        corr = pearson(process, outcome)
-        if corr is not None:
-            metrics["train/process_outcome_corr"] = corr
-        last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
-        if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
-            metrics.update(run_eval(iteration))
-        logger.log(metrics, step=iteration)
-        print(
-            f"iter {iteration}: steps {env_steps} success {metrics['train/success_rate']:.2f} "
-            f"step groups {metrics['gigpo/num_step_groups']:.0f} (non-singleton turns "
-            f"{metrics['gigpo/nonsingleton_turn_frac']:.2f}) |A^E| {metrics['gigpo/abs_episode_adv']:.3f} "
-            f"|A^S| {metrics['gigpo/abs_step_adv']:.3f}",
-            flush=True,
-        )
-        if last or iteration % args.checkpoint_every == 0:
-            save(iteration)
-        if last:
-            break
+            # SAVE: policy, reference, explorer, their optimisers, the replay buffer, env steps and RNG states
+            if last or iteration % args.checkpoint_every == 0:
+                run_state = {"env_steps": env_steps, "buffer": buffer.state_dict()}
+                logger.save_checkpoint(iteration, modules, optimizers, extra=run_state)
+            if last:
+                break
+    except NonFiniteLoss as err:  # nothing of the failed iteration is saved (weights, explorer, buffer)
+        path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+        kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+        raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
         policy.save_pretrained(logger.dir / "model")

@@ -1,24 +1,24 @@
 """RSPO with multi-turn PPO (turn-level GAE) on ALFWorld. Docs: docs/rspo_ppo_alfworld.md
 
-One iteration: B household tasks are each played by G policy rollouts (lockstep, batched generation; G = 1 is
-fine, PPO needs no groups). A critic (a scalar value head on a copy of the LM, or on a separate model) reads the
-value at the last prompt token of every turn; GAE over the turns turns per-turn rewards into advantages, which
-every response token of the turn carries. In the default `--reward-mode swap` (RSPO), an explorer ("agent B", a
-copy of the policy re-synced every K iterations, with its own value head) plays the same tasks and takes its own
-PPO step on its own rollouts with the dense *process* reward, and its trajectories have their rewards swapped
-back to the sparse *outcome* reward before they enter a replay buffer; buffered trajectories of this iteration's tasks join the batch (their advantages use the
-policy's critic), and the policy takes its PPO step on the outcome reward only, with truncated importance weights
-on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two baselines.
+Each iteration the policy plays B tasks G_on times. A critic (a value head) reads V at the last prompt token of every
+turn; GAE over the turns gives each turn an advantage that all its response tokens carry. In `--reward-mode swap`
+(RSPO) an explorer, agent B (a copy of the policy re-synced every K iterations, with its own value head), plays the
+same tasks G_off times and takes its own PPO step on its own rollouts with the dense *process* reward. THE SWAP keeps
+only the sparse *outcome* reward of its trajectories before they enter a replay buffer; the buffered trajectories of
+this iteration's tasks join the policy's batch (their advantages from the policy's critic, their tokens weighted by
+truncated importance weights), and the policy learns the outcome reward only. `--reward-mode outcome` and
+`--reward-mode process` are the two baselines.
 """
 
 import copy
 import dataclasses
+import functools
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -55,22 +55,19 @@ class Args:
     env_preset: Literal["small", "default"] = "small"
     """embedded world size: `small` for the tiny model on a CPU, `default` close to the original's"""
     max_steps: int = 15
-    """environment steps per episode. ALFWorld's own limit is 50 (use it with --env-preset default or
-    --env-backend real); the small preset's expert needs at most 10 steps, so the CPU default is 15"""
+    """steps per episode (ALFWorld's limit is 50: use it with the default preset; the small one's expert needs 10)"""
     process_reward: Literal["aligned", "misaligned"] = "misaligned"
-    """the env's dense reward: `aligned` pays the expert more than any failure of a clean/heat/cool task;
-    `misaligned` forgets the object's state, so placing it unheated pays as much (envs/alfworld.py)"""
+    """dense reward: `misaligned` pays placing an object whatever its clean/hot/cool state (envs/alfworld.py)"""
     history_len: int = 2
     """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
     max_prompt_tokens: int = 1024
-    """prompt budget in tokens (oldest history dropped first); capped by the model's context minus max_new_tokens"""
+    """prompt budget in tokens, oldest history dropped first (at most the context minus --max-new-tokens)"""
 
     # Model and rollout
     model_name: str = "tiny"
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
     tiny_seed: int = 1
-    """which tiny model: the seed of its build (1: the committed one, the same weights on every machine; others are
-    built and cached on first use); --seed varies the training run from the same start"""
+    """seed of the tiny model's build (1: the committed one); --seed varies the training run from the same start"""
     critic_model_name: Optional[str] = None
     """None: the critic is a value head on a copy of the policy; else a separate model with the same tokenizer"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
@@ -86,7 +83,7 @@ class Args:
     num_iterations: int = 30
     """training iterations (one rollout batch and one update each)"""
     total_env_steps: int = 0
-    """stop after the iteration in which the environment steps (explorer included) reach this budget (0: none)"""
+    """stop after the iteration whose env steps (explorer included) reach this budget (0: none)"""
     tasks_per_iteration: int = 4
     """B: tasks per iteration"""
     group_size: int = 2
@@ -108,8 +105,7 @@ class Args:
     gae_lambda: float = 0.95
     """GAE lambda over turns"""
     advantage_estimator: Literal["turn_gae", "episode_return_token_gae"] = "turn_gae"
-    """`turn_gae`: GAE over the turns (values at each turn's last prompt token); `episode_return_token_gae`:
-    verl-agent's variant, GAE inside each turn with gamma = lambda = 1 and the episode return on every turn"""
+    """`turn_gae`: GAE over the turns; `episode_return_token_gae`: verl-agent's, GAE in each turn to the return"""
     norm_adv: bool = True
     """whiten the advantages over the batch's response tokens (before the invalid-turn penalty)"""
     vf_clip: float = 2.0
@@ -135,12 +131,9 @@ class Args:
     explorer_rollouts_per_task: int = 2
     """G_off: explorer rollouts per task (swap mode)"""
     explorer: Literal["agent_b", "one_step"] = "agent_b"
-    """`agent_b`: a persistent explorer trained with PPO (its own value head) on the process reward on its own
-    rollouts; `one_step`: re-copied from the policy every iteration and given one PPO step on the policy's batch
-    before it plays (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    """`agent_b`: PPO on its own rollouts; `one_step`: a fresh policy copy, one step on the policy's batch"""
     explorer_sync_every: int = 20
-    """agent_b: copy the policy's weights into the explorer every this many iterations (0: never; its value head
-    is never copied)"""
+    """agent_b: copy the policy's weights (not its value head) into agent B every this many iterations (0: never)"""
     explorer_learning_rate: Optional[float] = 2.5e-4
     """explorer learning rate (None: --learning-rate); agent B moves faster than the policy on the dense reward"""
     explorer_critic_learning_rate: Optional[float] = None
@@ -162,8 +155,7 @@ class Args:
 
     # Evaluation and checkpoints
     eval_split: Literal["valid_unseen", "valid_seen", "valid"] = "valid_unseen"
-    """held-out split: `valid_unseen` (worlds unlike training, ALFWorld's headline number) or `valid_seen`; `valid`:
-    the training seeds after the pool (never trained on), where defaults are chosen"""
+    """held-out split (`valid`: the train seeds after the pool, where defaults are chosen)"""
     eval_every: int = 5
     """evaluate every this many iterations (and after the last; 0: only after the last)"""
     eval_at_start: bool = True
@@ -205,11 +197,10 @@ def compute_turn_gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation over the turns of one trajectory or of a padded batch.
 
-    rewards, values, dones: [T] (one trajectory) or [N, T] (trajectories padded at the end); values[t] = V(s_t),
-    read at the last prompt token of turn t; dones[t] = 1 where the task ended the episode at turn t (a trajectory
-    cut by the step limit has done = 0 on its last turn). mask: [N, T] (or [T]), 1 on real turns, a prefix of
-    each row (None: all real). bootstrap_value: scalar or [N], V of the state after each trajectory's last real
-    turn (the prompt its next turn would have had); it only counts where that last turn is not done.
+    rewards, values, dones: [T] or [N, T] (padded at the end); values[t] = V(s_t) at turn t's last prompt token;
+    dones[t] = 1 where the task ended the episode at turn t (0 where the step limit cut it). mask: [N, T] (or [T]),
+    1 on real turns (None: all real). bootstrap_value: scalar or [N], V of the state after each trajectory's last
+    real turn; it counts only where that turn is not done.
 
         delta_t = r_t + gamma * V(s_{t+1}) * (1 - done_t) - V(s_t)     (V(s_{t+1}) = bootstrap after the last turn)
         A_t     = delta_t + gamma * lam * (1 - done_t) * A_{t+1}       = sum_k (gamma lam)^k delta_{t+k}
@@ -218,9 +209,7 @@ def compute_turn_gae(
     Returns (advantages, returns), shaped like rewards, 0 on padding.
     """
     if rewards.shape != values.shape or rewards.shape != dones.shape:
-        raise ValueError(
-            f"shapes differ: rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, dones {tuple(dones.shape)}"
-        )  # noqa: E501
+        raise ValueError(f"rewards, values, dones differ in shape: {rewards.shape}, {values.shape}, {dones.shape}")
     single = rewards.dim() == 1
     if single:
         rewards, values, dones = rewards[None], values[None], dones[None]
@@ -522,15 +511,28 @@ class ReplayBuffer:
             self.entries.append((j, Trajectory(**{**t, "turns": turns})))
 
 
-# Script plumbing: rollout, critic values, training rows, update, evaluation
+# Script plumbing: timing, rollout, critic values, training rows, update, evaluation (these read args)
+
+
+@contextmanager
+def timed(metrics: dict, key: str):
+    """Adds the seconds spent in the `with` block to metrics[key]."""
+    start = time.perf_counter()
+    yield
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
 
 
 def rollout(
-    model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
-    history_len, short, by_number, max_prompt_tokens, outcome_scale, autocast,
-) -> tuple[list[Trajectory], dict]:  # fmt: skip
-    """Play len(task_seeds) * group_size episodes in lockstep (same seed = same task), one batched generate per turn.
+    model, generator, tokenizer, envs, task_seeds, group_size, args, *, sampler, iteration, temperature, metrics,
+    autocast,
+) -> list[Trajectory]:  # fmt: skip
+    """Play len(task_seeds) x group_size episodes in lockstep (same seed = same task), one batched generate per turn
+    (temperature 0: greedy); adds the generated tokens and the generation seconds to metrics["gen_tokens", "gen_s"].
     A truncated episode also records the prompt its next turn would have had (the critic's bootstrap state)."""
+    short = models.is_tiny(args.model_name)  # the tiny model's short prompt form
+    by_number = cenvs.env_module("alfworld").TINY_ANSWER_BY_NUMBER if short else None
+    context = getattr(model.config, "max_position_embeddings", None) or 10**9
+    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)
     obs, infos = envs.reset(seeds)
@@ -539,74 +541,49 @@ def rollout(
     turns: list[list[Turn]] = [[] for _ in range(n)]
     next_prompts: list[Optional[list[int]]] = [None] * n
     active = [True] * n
-    gen_tokens, gen_time = 0, 0.0
 
     def encode(i: int) -> list[int]:
         return prompts.encode_prompt(
             tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
-            history_len=history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
+            history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
         )  # fmt: skip
 
     while any(active):
         idx = [i for i in range(n) if active[i]]
         batch_prompts = [encode(i) for i in idx]
-        t0 = time.perf_counter()
-        with autocast():
-            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
-        gen_time += time.perf_counter() - t0
+        with timed(metrics, "gen_s"), autocast():
+            gens = generator.generate(model, batch_prompts, temperature=temperature or 1.0, greedy=temperature <= 0)
+        metrics["gen_tokens"] = metrics.get("gen_tokens", 0) + sum(len(g.token_ids) for g in gens)
         actions: list[str | None] = [None] * n
-        parsed = {}
+        valid = {}
         for k, i in enumerate(idx):
-            # The short prompt numbers the admissible actions: an answer "3" is the third of them.
-            action, valid = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
-            # An unparsable response goes to the env verbatim: it answers as the original does (`Nothing happens.`).
-            parsed[i] = (action if valid else gens[k].text, valid)
-            actions[i] = parsed[i][0]
-            gen_tokens += len(gens[k].token_ids)
+            # the short prompt numbers the admissible actions: an answer "3" is the third of them
+            action, valid[i] = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
+            # an unparsable response goes to the env verbatim: it answers as the original does (`Nothing happens.`)
+            actions[i] = action if valid[i] else gens[k].text
         next_obs, rewards, dones, next_infos = envs.step(actions)
         for k, i in enumerate(idx):
-            g = gens[k]
-            if len(g.logprobs) != len(g.token_ids):
-                raise RuntimeError(f"generator returned {len(g.logprobs)} log-probs for {len(g.token_ids)} tokens")
             truncated = bool(dones[i]) and bool(next_infos[i].get("truncated", False))
-            turns[i].append(
-                Turn(
-                    prompt_ids=batch_prompts[k],
-                    response_ids=list(g.token_ids),
-                    behaviour_logprobs=list(g.logprobs),
-                    action=parsed[i][0],
-                    valid=parsed[i][1],
-                    anchor_obs=infos[i]["anchor"],
-                    outcome_reward=float(rewards[i]),
-                    process_reward=float(next_infos[i]["process_reward"]),
-                    done=bool(dones[i]),
-                    truncated=truncated,
-                )  # fmt: skip
-            )
-            histories[i].append((obs[i], parsed[i][0]))
+            turns[i].append(Turn(
+                prompt_ids=batch_prompts[k], response_ids=list(gens[k].token_ids),
+                behaviour_logprobs=list(gens[k].logprobs), action=actions[i], valid=valid[i],
+                anchor_obs=infos[i]["anchor"], outcome_reward=float(rewards[i]),
+                process_reward=float(next_infos[i]["process_reward"]), done=bool(dones[i]), truncated=truncated,
+            ))  # fmt: skip
+            histories[i].append((obs[i], actions[i]))
             obs[i], infos[i] = next_obs[i], next_infos[i]
             active[i] = not dones[i]
             if truncated:
                 next_prompts[i] = encode(i)
-    trajectories = []
-    for i in range(n):
-        won = bool(infos[i]["won"])
-        trajectories.append(
-            Trajectory(
-                task_seed=seeds[i],
-                group_id=seeds[i],
-                turns=turns[i],
-                won=won,
-                task_type=task_types[i],
-                outcome_return=outcome_scale * float(won),
-                process_return=float(sum(t.process_reward for t in turns[i])),
-                sampler=sampler,
-                iteration=iteration,
-                next_prompt_ids=next_prompts[i],
-            )  # fmt: skip
+    return [
+        Trajectory(
+            task_seed=seeds[i], group_id=seeds[i], turns=turns[i], won=bool(infos[i]["won"]), task_type=task_types[i],
+            outcome_return=args.outcome_scale * float(bool(infos[i]["won"])),
+            process_return=float(sum(t.process_reward for t in turns[i])), sampler=sampler, iteration=iteration,
+            next_prompt_ids=next_prompts[i],
         )
-    stats = {"env_steps": sum(len(t) for t in turns), "gen_tokens": gen_tokens, "gen_s": gen_time}
-    return trajectories, stats
+        for i in range(n)
+    ]  # fmt: skip
 
 
 def pack_by_tokens(lengths: list[int], budget: int, padded: bool) -> list[list[int]]:
@@ -632,6 +609,7 @@ def length_sorted_chunks(lengths: list[int], budget: int) -> list[list[int]]:
 
 
 def right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[b, T] ids (right-padded with pad_id) and attention mask."""
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
@@ -642,82 +620,70 @@ def right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
 
 
 @torch.no_grad()
-def critic_values(
-    critic, seqs: list[list[int]], prompt_lens: list[int], *, per_token: bool, pad_id, device, micro_batch_tokens,
-    autocast,
-) -> list[torch.Tensor]:  # fmt: skip
+def critic_values(critic, seqs, prompt_lens, args, *, per_token: bool, pad_id: int, autocast) -> list[torch.Tensor]:
     """Critic values of each sequence (prompt + response, the response may be empty): [1] at the last prompt
     token, or with per_token [len(seq) - prompt_len] before every response token (entry 0 = last prompt token)."""
+    device = next(critic.parameters()).device
     out: list[torch.Tensor] = [torch.zeros(0)] * len(seqs)
-    for chunk in length_sorted_chunks([len(s) for s in seqs], micro_batch_tokens):
+    for chunk in length_sorted_chunks([len(s) for s in seqs], args.micro_batch_tokens):
         ids, mask = right_pad([seqs[i] for i in chunk], pad_id, device)
         with autocast():
             v = critic(ids, mask).float()
-        plen = torch.tensor([prompt_lens[i] for i in chunk], device=device)
-        last = last_prompt_token_values(v, plen).cpu()
+        last = last_prompt_token_values(v, torch.tensor([prompt_lens[i] for i in chunk], device=device)).cpu()
         for k, i in enumerate(chunk):
             out[i] = v[k, prompt_lens[i] - 1 : len(seqs[i]) - 1].cpu() if per_token else last[k : k + 1]
     return out
 
 
 def ppo_advantages(
-    trajectories: list[Trajectory], critic, reward: Literal["outcome", "process"], *, estimator, gamma, lam,
-    outcome_scale, norm_adv, invalid_penalty, value_kw,
-) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], list[list[torch.Tensor]]]:  # fmt: skip
+    trajectories: list[Trajectory], critic, reward: Literal["outcome", "process"], args, *, pad_id: int, autocast
+) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], list[list[torch.Tensor]]]:
     """Per trajectory and turn: token advantages [len(response)] (whitened over the batch's response tokens, then
     the invalid-turn penalty), value targets and the critic's old values ([1] per turn, or per token)."""
-    per_token = estimator == "episode_return_token_gae"
-    seqs, plens = [], []
-    for t in trajectories:
-        for turn in t.turns:
-            seqs.append(turn.prompt_ids + (turn.response_ids if per_token else []))
-            plens.append(len(turn.prompt_ids))
-    values = iter(critic_values(critic, seqs, plens, per_token=per_token, **value_kw))
+    per_token = args.advantage_estimator == "episode_return_token_gae"
+    turns = [u for t in trajectories for u in t.turns]
+    seqs = [u.prompt_ids + (u.response_ids if per_token else []) for u in turns]
+    kw = dict(pad_id=pad_id, autocast=autocast)
+    values = iter(critic_values(critic, seqs, [len(u.prompt_ids) for u in turns], args, per_token=per_token, **kw))
+    # the per-turn variant bootstraps a truncated trajectory from the state after its last turn
     boot_seqs = [t.next_prompt_ids for t in trajectories if t.turns[-1].truncated and t.next_prompt_ids]
-    boot_seqs = [] if per_token else boot_seqs  # the per-turn variant has no bootstrap
-    boots = iter(critic_values(critic, boot_seqs, [len(s) for s in boot_seqs], per_token=False, **value_kw))
+    boot_seqs = [] if per_token else boot_seqs
+    boots = iter(critic_values(critic, boot_seqs, [len(s) for s in boot_seqs], args, per_token=False, **kw))
 
     adv, ret, old_v = [], [], []
     for t in trajectories:
-        _, r = turn_rewards([t], reward, outcome_scale)
+        _, r = turn_rewards([t], reward, args.outcome_scale)
         v_turns = [next(values) for _ in t.turns]
-        if per_token:
-            # verl-agent: each turn is its own episode whose last token earns the whole episode return
-            a_t, r_t = [], []
-            for turn, v in zip(t.turns, v_turns):
-                token_r = torch.zeros(len(turn.response_ids))
-                if len(token_r):
-                    token_r[-1] = r.sum()
-                a, rt = compute_token_gae(token_r, v)
-                a_t.append(a)
-                r_t.append(rt)
-            adv.append(a_t)
-            ret.append(r_t)
+        if per_token:  # verl-agent: each turn is its own episode whose last token earns the whole episode return
+            token_rewards = [torch.zeros(len(u.response_ids)) for u in t.turns]
+            for x in token_rewards:
+                x[-1:] = r.sum()
+            a_turns, r_turns = zip(*(compute_token_gae(x, v) for x, v in zip(token_rewards, v_turns)))
+            adv.append(list(a_turns))
+            ret.append(list(r_turns))
             old_v.append(v_turns)
             continue
         v = torch.cat(v_turns)
         dones = torch.tensor([float(u.done and not u.truncated) for u in t.turns])
-        boot = next(boots).item() if (t.turns[-1].truncated and t.next_prompt_ids) else 0.0
-        a, rt = compute_turn_gae(r, v, dones, gamma, lam, bootstrap_value=boot)
+        boot = next(boots).item() if t.turns[-1].truncated and t.next_prompt_ids else 0.0
+        a, rt = compute_turn_gae(r, v, dones, args.gamma, args.gae_lambda, bootstrap_value=boot)
         adv.append([a[k].expand(len(u.response_ids)).clone() for k, u in enumerate(t.turns)])
-        ret.append([rt[k : k + 1] for k in range(len(t.turns))])
-        old_v.append([v[k : k + 1] for k in range(len(t.turns))])
+        ret.append(list(rt.split(1)))
+        old_v.append(list(v.split(1)))
 
-    if norm_adv:
-        flat = whiten(torch.cat([a for traj in adv for a in traj]))
-        sizes = [len(a) for traj in adv for a in traj]
-        chunks = iter(flat.split(sizes))
+    if args.norm_adv:
+        chunks = iter(whiten(torch.cat([a for traj in adv for a in traj])).split([len(a) for tr in adv for a in tr]))
         adv = [[next(chunks) for _ in traj] for traj in adv]
     for t, a_traj in zip(trajectories, adv):
         for k, turn in enumerate(t.turns):
             if not turn.valid:
-                a_traj[k] = a_traj[k] - invalid_penalty
+                a_traj[k] = a_traj[k] - args.invalid_penalty
     return adv, ret, old_v
 
 
 @dataclass
 class Row:
-    """One training row: a turn's prompt + response with its advantages, value targets and how it was sampled."""
+    """One training row: a turn's prompt + response with its advantages and value targets."""
 
     input_ids: list[int]
     prompt_len: int
@@ -725,95 +691,68 @@ class Row:
     advantages: torch.Tensor  # [response_len]
     returns: torch.Tensor  # [1] (value target at the last prompt token) or [response_len] (per token)
     old_values: torch.Tensor  # same shape as returns
-    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy / value loss on it
-    off_policy: bool  # sampled by another model than the one being trained: gets importance weights
+    # an explorer turn in the policy's update, its reward swapped: importance-weighted; no KL, entropy or value loss
+    swapped: bool
     iteration: int  # the iteration that sampled it
     old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
     ref_logprobs: Optional[torch.Tensor] = None
     is_weights: Optional[torch.Tensor] = None
 
 
-def make_rows(trajectories, advantages, returns, old_values, off_policy: list[bool]) -> list[Row]:
-    rows = []
-    for traj, off, a_traj, r_traj, v_traj in zip(trajectories, off_policy, advantages, returns, old_values):
-        for turn, a, r, v in zip(traj.turns, a_traj, r_traj, v_traj):
-            if turn.response_ids:  # an empty response has no token to train on
-                rows.append(
-                    Row(
-                        input_ids=turn.prompt_ids + turn.response_ids,
-                        prompt_len=len(turn.prompt_ids),
-                        behaviour_logprobs=turn.behaviour_logprobs,
-                        advantages=a,
-                        returns=r,
-                        old_values=v,
-                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
-                        off_policy=off,
-                        iteration=traj.iteration,
-                    )  # fmt: skip
-                )
-    return rows
+def make_rows(trajectories, advantages, returns, old_values) -> list[Row]:
+    """One row per turn with a response (an empty one has no token to train on)."""
+    return [
+        Row(turn.prompt_ids + turn.response_ids, len(turn.prompt_ids), turn.behaviour_logprobs, a, r, v,
+            swapped=traj.process_return is None, iteration=traj.iteration)
+        for traj, a_traj, r_traj, v_traj in zip(trajectories, advantages, returns, old_values)
+        for turn, a, r, v in zip(traj.turns, a_traj, r_traj, v_traj)
+        if turn.response_ids
+    ]  # fmt: skip
 
 
 def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Right-padded [b, T] ids and mask; [b, T-1] response mask and per-token fields (position t predicts t+1);
-    value_mask [b, T-1]: where the value loss reads the critic (the last prompt token, or every response position)."""
+    value_mask [b, T-1]: where the value loss reads the critic (the last prompt token, or every response position);
+    swapped [b, 1]."""
     b, width = len(rows), max(len(r.input_ids) for r in rows)
-    out = {
-        "input_ids": torch.full((b, width), pad_id, dtype=torch.long),
-        "attention_mask": torch.zeros((b, width), dtype=torch.long),
-        "response_mask": torch.zeros((b, width - 1), dtype=torch.bool),
-        "value_mask": torch.zeros((b, width - 1), dtype=torch.bool),
-    }
     per_token = {
         "behaviour": "behaviour_logprobs", "old": "old_logprobs", "ref": "ref_logprobs", "w": "is_weights",
         "advantages": "advantages",
     }  # fmt: skip
-    for key in (*per_token, "returns", "old_values"):
-        out[key] = torch.zeros((b, width - 1))
+    out = {key: torch.zeros((b, width - 1)) for key in (*per_token, "returns", "old_values")}
+    out["response_mask"] = torch.zeros((b, width - 1), dtype=torch.bool)
+    out["value_mask"] = torch.zeros((b, width - 1), dtype=torch.bool)
     for k, r in enumerate(rows):
-        n, s = len(r.input_ids), r.prompt_len - 1
-        out["input_ids"][k, :n] = torch.tensor(r.input_ids)
-        out["attention_mask"][k, :n] = 1
+        n, s, m = len(r.input_ids), r.prompt_len - 1, len(r.returns)
         out["response_mask"][k, s : n - 1] = True
         for key, field in per_token.items():
-            value = getattr(r, field)
-            if value is not None:
-                out[key][k, s : n - 1] = torch.as_tensor(value, dtype=torch.float32)
-        m = len(r.returns)
+            if getattr(r, field) is not None:
+                out[key][k, s : n - 1] = torch.as_tensor(getattr(r, field), dtype=torch.float32)
         out["value_mask"][k, s : s + m] = True
         out["returns"][k, s : s + m] = r.returns
         out["old_values"][k, s : s + m] = r.old_values
-    out["own"] = torch.tensor([not r.swapped for r in rows]).unsqueeze(1)
-    out["off_policy"] = torch.tensor([r.off_policy for r in rows]).unsqueeze(1)
-    return {k: v.to(device) for k, v in out.items()}
+    out["swapped"] = torch.tensor([r.swapped for r in rows]).unsqueeze(1)
+    ids, mask = right_pad([r.input_ids for r in rows], pad_id, device)
+    return {"input_ids": ids, "attention_mask": mask, **{k: v.to(device) for k, v in out.items()}}
 
 
 @torch.no_grad()
-def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
-    """Fill old log-probs (the model before its update), reference log-probs and truncated IS weights per row."""
+def prepare_rows(model, ref_model, rows: list[Row], args, *, pad_id: int, autocast) -> None:
+    """Fill each row's old log-probs (the model before its update), reference log-probs and truncated IS weights."""
     was_training = model.training
     model.eval()
-    for chunk in length_sorted_chunks([len(r.input_ids) for r in rows], micro_batch_tokens):
-        batch = collate([rows[i] for i in chunk], pad_id, device)
+    device = next(model.parameters()).device
+    for chunk in length_sorted_chunks([len(r.input_ids) for r in rows], args.micro_batch_tokens):
+        b = collate([rows[i] for i in chunk], pad_id, device)
+        ids, attention, response = b["input_ids"], b["attention_mask"], b["response_mask"]
         with autocast():
-            old, _ = token_logprobs(
-                model, batch["input_ids"], batch["attention_mask"], temperature, response_mask=batch["response_mask"]
-            )
-            ref, _ = token_logprobs(
-                ref_model,
-                batch["input_ids"],
-                batch["attention_mask"],
-                temperature,
-                response_mask=batch["response_mask"],
-            )
-        w = truncated_importance_weights(old, batch["behaviour"], is_cap, batch["off_policy"])
+            old, _ = token_logprobs(model, ids, attention, args.temperature, response_mask=response)
+            ref, _ = token_logprobs(ref_model, ids, attention, args.temperature, response_mask=response)
+        w = truncated_importance_weights(old, b["behaviour"], args.is_cap, b["swapped"])
         for k, i in enumerate(chunk):
-            m = batch["response_mask"][k]
-            rows[i].old_logprobs, rows[i].ref_logprobs, rows[i].is_weights = (
-                old[k][m].cpu(),
-                ref[k][m].cpu(),
-                w[k][m].cpu(),
-            )
+            m = response[k]
+            rows[i].old_logprobs, rows[i].ref_logprobs = old[k][m].cpu(), ref[k][m].cpu()
+            rows[i].is_weights = w[k][m].cpu()
     model.train(was_training)
 
 
@@ -830,25 +769,22 @@ def finite_weights(model: torch.nn.Module) -> bool:
     return bool(torch.isfinite(total))
 
 
-def update(
-    model, optimizer, critic, critic_optimizer, rows, *, epochs, minibatch_tokens, micro_batch_tokens, clip_coef,
-    dual_clip, vf_clip, kl_coef, ent_coef, max_grad_norm, temperature, use_is_weights, pad_id, device, autocast,
-) -> dict[str, float]:  # fmt: skip
+def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pad_id, autocast) -> dict[str, float]:
     """PPO update: epochs x token-budget minibatches (one AdamW step each for policy and critic) x micro-batches.
 
     Policy loss per minibatch = sum(policy token losses) / n_response_tokens
                                 + kl_coef * sum(k3 KL) / n_own_tokens - ent_coef * sum(entropy) / n_own_tokens;
     value loss per minibatch  = sum(clipped value losses) / n_value_targets, over the own rows only
-    (own = sampled by the trained model; swapped explorer turns train the policy, not its critic).
+    (own = not swapped: swapped explorer turns train the policy, not its critic).
     """
+    device = next(model.parameters()).device
     model.train()
     critic.train()
-    keys = ("policy_loss", "value_loss", "kl", "entropy", "approx_kl", "clip", "tokens", "own", "values")
-    sums = dict.fromkeys(keys, 0.0)
+    sums: dict[str, float] = defaultdict(float)  # loss sums and token counts over the update
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
+        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
             mb_rows = [rows[order[i]] for i in minibatch]
             n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
             n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
@@ -856,36 +792,32 @@ def update(
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             # gradient accumulation does not depend on the order of the micro-batches: group similar lengths
-            for chunk in length_sorted_chunks([len(r.input_ids) for r in mb_rows], micro_batch_tokens):
+            for chunk in length_sorted_chunks([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens):
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
-                mask = b["response_mask"]
+                mask, own_row = b["response_mask"], ~b["swapped"].squeeze(1)  # [b, T-1] and [b]
                 with autocast():
                     logprobs, entropy = token_logprobs(
-                        model,
-                        b["input_ids"],
-                        b["attention_mask"],
-                        temperature,
-                        with_entropy=ent_coef != 0,
+                        model, b["input_ids"], b["attention_mask"], args.temperature, with_entropy=args.ent_coef != 0,
                         response_mask=mask,
-                    )
-                weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
+                    )  # fmt: skip
+                weights = b["w"] if args.off_policy_correction == "tis" else torch.ones_like(b["w"])
                 pg_sum, n_clipped = policy_loss(
-                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=clip_coef, dual_clip=dual_clip
-                )
-                own = (mask & b["own"]).float()
+                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=args.clip_coef,
+                    dual_clip=args.dual_clip,
+                )  # fmt: skip
+                own = (mask & own_row[:, None]).float()
                 kl_sum = (kl_k3(logprobs, b["ref"]) * own).sum()
                 ent_sum = (entropy * own).sum() if entropy is not None else torch.zeros((), device=device)
-                loss = pg_sum / n_tokens + kl_coef * kl_sum / n_own - ent_coef * ent_sum / n_own
+                loss = pg_sum / n_tokens + args.kl_coef * kl_sum / n_own - args.ent_coef * ent_sum / n_own
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"policy loss = {loss.item()}")
                 loss.backward()
-                if n_values > 0 and bool(b["own"].any()):
-                    own_rows = b["own"].squeeze(1)
+                if n_values > 0 and bool(own_row.any()):
                     with autocast():
-                        values = critic(b["input_ids"][own_rows], b["attention_mask"][own_rows]).float()[:, :-1]
-                    vm = b["value_mask"][own_rows]
+                        values = critic(b["input_ids"][own_row], b["attention_mask"][own_row]).float()[:, :-1]
+                    vm = b["value_mask"][own_row]
                     vf_sum = clipped_value_loss(
-                        values[vm], b["old_values"][own_rows][vm], b["returns"][own_rows][vm], vf_clip
+                        values[vm], b["old_values"][own_row][vm], b["returns"][own_row][vm], args.vf_clip
                     ).sum()
                     if not torch.isfinite(vf_sum):
                         raise NonFiniteLoss(f"value loss = {vf_sum.item()}")
@@ -894,34 +826,28 @@ def update(
                     sums["values"] += int(vm.sum())
                 with torch.no_grad():
                     log_ratio = (logprobs - b["old"])[mask]
-                    sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
-                sums["policy_loss"] += pg_sum.item()
-                sums["kl"] += kl_sum.item()
-                sums["entropy"] += ent_sum.item()
-                sums["clip"] += n_clipped.item()
-                sums["tokens"] += int(mask.sum())
-                sums["own"] += int(own.sum())
+                    approx_kl = (torch.exp(log_ratio) - 1 - log_ratio).sum()
+                for key, x in (("policy_loss", pg_sum), ("kl", kl_sum), ("entropy", ent_sum), ("clip", n_clipped),
+                               ("approx_kl", approx_kl), ("tokens", mask.sum()), ("own", own.sum())):  # fmt: skip
+                    sums[key] += x.item()
                 trained_tokens += int(b["attention_mask"].sum())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             if n_values > 0:
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
                 critic_optimizer.step()
             for name, m in (("policy", model), ("critic", critic)):
                 if not finite_weights(m):
                     raise NonFiniteLoss(f"an optimiser step made the {name}'s weights non-finite")
-    n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
+    n = max(1, sums["tokens"])
     stats = {
-        "policy_loss": sums["policy_loss"] / n,
-        "clip_frac": sums["clip"] / n,
-        "approx_kl": sums["approx_kl"] / n,
-        "trained_tokens": trained_tokens,
-        "update_rows": len(rows),
-    }
+        "policy_loss": sums["policy_loss"] / n, "clip_frac": sums["clip"] / n, "approx_kl": sums["approx_kl"] / n,
+        "trained_tokens": trained_tokens, "update_rows": len(rows),
+    }  # fmt: skip
     if sums["own"]:
-        stats["kl"] = sums["kl"] / n_own
-        if ent_coef != 0:
-            stats["entropy"] = sums["entropy"] / n_own
+        stats["kl"] = sums["kl"] / sums["own"]
+        if args.ent_coef != 0:
+            stats["entropy"] = sums["entropy"] / sums["own"]
     if sums["values"]:
         stats["value_loss"] = sums["value_loss"] / sums["values"]
     own_rows = [r for r in rows if not r.swapped]
@@ -932,28 +858,26 @@ def update(
     return stats
 
 
-def evaluate(model, generator, tokenizer, make_envs, seeds, *, batch_size, temperature, rollout_kw) -> dict[str, float]:
-    """Held-out episodes (one per seed): success rate with its 95% interval, and success per task type."""
+def evaluate(model, generator, tokenizer, make_envs, seeds, args, iteration, *, autocast) -> dict[str, float]:
+    """Held-out episodes (one per seed) at --eval-temperature: success rate with its 95% interval, and per task type."""
     trajs: list[Trajectory] = []
-    for start in range(0, len(seeds), batch_size):
-        chunk = seeds[start : start + batch_size]
-        out, _ = rollout(
-            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, sampler="policy", iteration=-1,
-            temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, **rollout_kw,
+    for start in range(0, len(seeds), args.eval_batch_size):
+        chunk = seeds[start : start + args.eval_batch_size]
+        trajs += rollout(
+            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, args, sampler="policy", iteration=-1,
+            temperature=args.eval_temperature, metrics={}, autocast=autocast,
         )  # fmt: skip
-        trajs += out
     success, success_ci = run.mean_ci95([float(t.won) for t in trajs])
     metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
     for task_type in sorted({t.task_type for t in trajs if t.task_type}):
         metrics[f"eval/success_{task_type}"] = float(np.mean([t.won for t in trajs if t.task_type == task_type]))
+    print(f"iter {iteration}: eval ({args.eval_split}) success {success:.3f}")
     return metrics
 
 
 def nonzero_outcome_group_share(trajectories: list[Trajectory], task_seeds: Sequence[int]) -> float:
-    """Share of this iteration's tasks with at least one successful trajectory among `trajectories`.
-
-    PPO has no group baseline (the critic gives every turn an advantage), so the GRPO notion "the group's
-    advantages are not all zero" becomes "the task has an outcome signal beyond the critic's prediction"."""
+    """Share of the tasks with at least one success among `trajectories`: PPO has no group baseline, so GRPO's
+    "the group's advantages are not all zero" becomes "the task has an outcome signal beyond the critic's"."""
     won = {s: False for s in task_seeds}
     for t in trajectories:
         if t.task_seed in won:
@@ -997,23 +921,19 @@ if __name__ == "__main__":
     swap = args.reward_mode == "swap"
     args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
-    if args.train_pool_size < args.tasks_per_iteration:
-        raise SystemExit(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
-    if min(args.tasks_per_iteration, args.group_size, args.max_steps, args.num_eval_tasks) < 1:
-        raise SystemExit("--tasks-per-iteration, --group-size, --max-steps and --num-eval-tasks must be >= 1")
-    if swap and args.explorer_rollouts_per_task < 1:
-        raise SystemExit("--explorer-rollouts-per-task must be >= 1 in swap mode")
     run_name = f"alfworld__{args.exp_name}__{args.seed}__{int(time.time())}"
     # A mistake in the flags, the models, the env's data or the --resume run ends here, in one line, before any
     # file is written (Run checks that --resume names a readable checkpoint of a run with these flags).
     try:
+        if args.train_pool_size < args.tasks_per_iteration:
+            raise run.BadInput(f"--train-pool-size ({args.train_pool_size}) must be >= --tasks-per-iteration")
         run.check_args(
             args,
             at_least_one=(
                 "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
                 "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
                 "num_eval_tasks", "eval_batch_size", "checkpoint_every",
-            ),
+            ) + (("explorer_rollouts_per_task",) if swap else ()),
             positive=("temperature", "vf_clip", "max_grad_norm", "is_cap"),
             at_most_one=("gamma", "gae_lambda"),
         )  # fmt: skip
@@ -1025,96 +945,62 @@ if __name__ == "__main__":
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
-
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
-    def autocast():
-        # bf16 autocast on CUDA; fp32 on the CPU. Same code path on both.
+    def autocast():  # bf16 autocast on CUDA, fp32 on the CPU: the same code path on both
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
-    # Models: policy + critic, frozen reference (the initial policy), explorer + its own value head (swap mode)
-    policy, tokenizer = models.load_model(
-        args.model_name, env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device
-    )
-    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    def fallback(value, default):  # an unset (None) explorer flag takes the policy's value
+        return default if value is None else value
+
+    # Models: the policy and its critic, the frozen reference (the initial policy), and in swap mode agent B with
+    # its own value head (trained on process returns, never synced from the policy's critic)
     load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device)
+    policy, tokenizer = models.load_model(args.model_name, **load_kw)
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
     critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
-    critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate)
-    explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
-    explorer_critic_lr = (
-        args.explorer_critic_learning_rate
-        if args.explorer_critic_learning_rate is not None
-        else args.critic_learning_rate
-    )
-    explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
-    explorer = copy.deepcopy(policy) if swap else None
-    # The explorer's value head is its own (trained on process returns) and is kept across weight syncs.
-    explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device) if swap else None
-    explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
-    explorer_critic_optimizer = torch.optim.AdamW(explorer_critic.parameters(), lr=explorer_critic_lr) if swap else None
+    modules = {"policy": policy, "critic": critic, "ref": ref_model}
+    base_lr = {"policy": args.learning_rate, "critic": args.critic_learning_rate}
+    if swap:
+        explorer = modules["explorer"] = copy.deepcopy(policy)
+        explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
+        modules["explorer_critic"] = explorer_critic
+        base_lr["explorer"] = fallback(args.explorer_learning_rate, args.learning_rate)
+        base_lr["explorer_critic"] = fallback(args.explorer_critic_learning_rate, args.critic_learning_rate)
+    optimizers = {k: torch.optim.AdamW(modules[k].parameters(), lr=lr) for k, lr in base_lr.items()}
+    explorer_epochs = fallback(args.explorer_update_epochs, args.update_epochs)
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
-    short = models.is_tiny(args.model_name)
-    # the short form writes the actions that the tiny model answers by number (WebShop's products) as #k
-    by_number = cenvs.env_module("alfworld").TINY_ANSWER_BY_NUMBER if short else None
-    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    max_prompt_tokens = min(args.max_prompt_tokens, context - args.max_new_tokens)
-    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run; --model-name may
-    # be "tiny" or "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
+    # vLLM starts from a save_pretrained folder of the initial policy (--model-name may be "tiny", not a folder);
+    # later weights are pushed into it by the generator.
     generator = generation.make_generator(
         args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.generation_batch_size,
         model=policy, engine_dir=logger.dir / "rollout_model",
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
-    rollout_kw = dict(
-        history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
-        outcome_scale=args.outcome_scale, autocast=autocast,
-    )  # fmt: skip
-    env_kw = dict(
-        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
-    )
-    env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
-    def make_envs(n: int) -> cenvs.LockstepEnvs:
-        if n not in env_pool:
-            env_pool[n] = cenvs.LockstepEnvs("alfworld", n, **env_kw)
-        return env_pool[n]
+    @functools.cache
+    def make_envs(n: int) -> cenvs.LockstepEnvs:  # one set of n lockstep envs, reused for every batch of n
+        return cenvs.LockstepEnvs(
+            "alfworld", n, backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps,
+            process_reward=args.process_reward,
+        )  # fmt: skip
 
     train_pool, eval_seeds = cenvs.seed_pools(
         "alfworld", args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
     )
 
-    # Resume
+    # Resume (eval-only reads the policy alone: a checkpoint of any reward mode can be evaluated)
     start_iteration, env_steps = 1, 0
-    modules = {"policy": policy, "critic": critic, "ref": ref_model}
-    optimizers = {"policy": optimizer, "critic": critic_optimizer}
-    if swap:
-        modules.update(explorer=explorer, explorer_critic=explorer_critic)
-        optimizers.update(explorer=explorer_optimizer, explorer_critic=explorer_critic_optimizer)
-    if args.eval_only:  # only the policy is read: a checkpoint of any reward mode can be evaluated
-        modules, optimizers = {"policy": policy}, {}
     if args.resume:
-        state = logger.load_checkpoint(modules, optimizers)
+        state = logger.load_checkpoint(*(({"policy": policy}, {}) if args.eval_only else (modules, optimizers)))
         if not state:
             raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
-        start_iteration = state["iteration"] + 1
-        env_steps = state["extra"]["env_steps"]
+        loop_state = state["extra"]  # what the loop saves beside the models: env steps and the replay buffer
+        start_iteration, env_steps = state["iteration"] + 1, loop_state["env_steps"]
         if not args.eval_only:
-            buffer.load_state_dict(state["extra"]["buffer"])
+            buffer.load_state_dict(loop_state["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
-
-    def save(iteration: int):
-        extra = {"env_steps": env_steps, "buffer": buffer.state_dict()}
-        return logger.save_checkpoint(iteration, modules, optimizers, extra=extra)
-
-    def run_eval(iteration: int) -> dict[str, float]:
-        metrics = evaluate(
-            policy, generator, tokenizer, make_envs, eval_seeds, batch_size=args.eval_batch_size,
-            temperature=args.eval_temperature, rollout_kw=rollout_kw,
-        )  # fmt: skip
-        print(f"iter {iteration}: eval ({args.eval_split}) success {metrics['eval/success_rate']:.3f}")
-        return metrics
-
+    run_eval = functools.partial(evaluate, policy, generator, tokenizer, make_envs, eval_seeds, args, autocast=autocast)
     if args.eval_only:
         it = start_iteration - 1
         logger.log({"iteration": it, "env_steps": env_steps, **run_eval(it)}, step=it)
@@ -1123,163 +1009,129 @@ if __name__ == "__main__":
     if args.eval_at_start and start_iteration == 1:
         logger.log({"iteration": 0, "env_steps": 0, **run_eval(0)}, step=0)
 
-    update_kw = dict(
-        minibatch_tokens=args.minibatch_tokens, micro_batch_tokens=args.micro_batch_tokens, clip_coef=args.clip_coef,
-        dual_clip=args.dual_clip, vf_clip=args.vf_clip, kl_coef=args.kl_coef, ent_coef=args.ent_coef,
-        max_grad_norm=args.max_grad_norm, temperature=args.temperature,
-        use_is_weights=args.off_policy_correction == "tis", pad_id=pad_id, device=device, autocast=autocast,
-    )  # fmt: skip
-    prepare_kw = dict(
-        temperature=args.temperature, is_cap=args.is_cap, pad_id=pad_id, device=device,
-        micro_batch_tokens=args.micro_batch_tokens, autocast=autocast,
-    )  # fmt: skip
-    value_kw = dict(pad_id=pad_id, device=device, micro_batch_tokens=args.micro_batch_tokens, autocast=autocast)
-    adv_kw = dict(
-        estimator=args.advantage_estimator, gamma=args.gamma, lam=args.gae_lambda, outcome_scale=args.outcome_scale,
-        norm_adv=args.norm_adv, invalid_penalty=args.invalid_penalty, value_kw=value_kw,
-    )  # fmt: skip
-    policy_reward = "process" if args.reward_mode == "process" else "outcome"
-    iteration = start_iteration - 1
-    for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
-        warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
-        for opt, lr in ((optimizer, args.learning_rate), (critic_optimizer, args.critic_learning_rate)):
-            for group in opt.param_groups:
-                group["lr"] = lr * warmup
-        metrics: dict[str, float] = {"iteration": iteration}
-
-        # ROLLOUT: B tasks x G_on policy rollouts
-        t_rollout = time.perf_counter()
-        task_seeds = random.sample(train_pool, args.tasks_per_iteration)
-        batch, rstats = rollout(
-            policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
-            sampler="policy", iteration=iteration, temperature=args.temperature, greedy=False, **rollout_kw,
+    def train_explorer(trajectories: list[Trajectory]) -> tuple[list[Row], dict[str, float]]:
+        """Agent B's PPO step on the process reward, its own value head giving the values."""
+        adv, ret, old_v = ppo_advantages(trajectories, explorer_critic, "process", args, pad_id=pad_id,
+                                         autocast=autocast)  # fmt: skip
+        rows = make_rows(trajectories, adv, ret, old_v)
+        prepare_rows(explorer, ref_model, rows, args, pad_id=pad_id, autocast=autocast)
+        stats = update(
+            explorer, optimizers["explorer"], explorer_critic, optimizers["explorer_critic"], rows, args,
+            epochs=explorer_epochs, pad_id=pad_id, autocast=autocast,
         )  # fmt: skip
-        env_steps += rstats["env_steps"]
-        gen_tokens, gen_s = rstats["gen_tokens"], rstats["gen_s"]
-        rollout_s = time.perf_counter() - t_rollout
-        update_s, trained_tokens = 0.0, 0
+        return rows, stats
 
-        try:
-            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts (its own
-            # value head); its trajectories, rewards swapped to the outcome, enter the buffer and join the batch
-            train_trajs = batch
-            shared_logprobs = None  # (old, ref) log-probs of the policy batch's rows, from a one-step explorer copy
-            if swap:
-                t0 = time.perf_counter()
-                for opt, lr in ((explorer_optimizer, explorer_lr), (explorer_critic_optimizer, explorer_critic_lr)):
-                    for group in opt.param_groups:
-                        group["lr"] = lr * warmup
-                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
-                    explorer.load_state_dict(policy.state_dict())
-                    e_adv, e_ret, e_val = ppo_advantages(batch, explorer_critic, "process", **adv_kw)
-                    explorer_rows = make_rows(batch, e_adv, e_ret, e_val, off_policy=[False] * len(batch))
-                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
-                    # same weights as the policy: its old log-probs on the batch are the policy's too
-                    shared_logprobs = [(r.input_ids, r.old_logprobs, r.ref_logprobs) for r in explorer_rows]
-                    estats = update(
-                        explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
-                        epochs=explorer_epochs, **update_kw,
-                    )  # fmt: skip
-                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
-                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
-                update_s += time.perf_counter() - t0
+    policy_reward = "process" if args.reward_mode == "process" else "outcome"
+    try:
+        for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
+            warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
+            for name, opt in optimizers.items():
+                for group in opt.param_groups:
+                    group["lr"] = base_lr[name] * warmup
+            metrics: dict[str, float] = {"iteration": iteration}
 
-                t0 = time.perf_counter()
-                explorer_trajectories, xstats = rollout(
-                    explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
-                    args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
-                    temperature=args.temperature, greedy=False, **rollout_kw,
+            # ROLLOUT: B tasks x G_on policy rollouts; in swap mode agent B then plays the same tasks G_off times
+            task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+            with timed(metrics, "perf/rollout_s"):
+                batch = rollout(
+                    policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
+                    args, sampler="policy", iteration=iteration, temperature=args.temperature, metrics=metrics,
+                    autocast=autocast,
                 )  # fmt: skip
-                env_steps += xstats["env_steps"]
-                gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
-                rollout_s += time.perf_counter() - t0
-                metrics["explorer/env_steps"] = xstats["env_steps"]
-
-                if args.explorer == "agent_b":  # PPO on the process reward, on-policy for agent B, its own value head
-                    t0 = time.perf_counter()
-                    e_adv, e_ret, e_val = ppo_advantages(explorer_trajectories, explorer_critic, "process", **adv_kw)
-                    explorer_rows = make_rows(
-                        explorer_trajectories, e_adv, e_ret, e_val, off_policy=[False] * len(explorer_trajectories)
-                    )
-                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
-                    estats = update(
-                        explorer, explorer_optimizer, explorer_critic, explorer_critic_optimizer, explorer_rows,
-                        epochs=explorer_epochs, **update_kw,
+            env_steps += sum(len(t.turns) for t in batch)
+            train_trajectories, one_step_rows = batch, []
+            if swap:
+                with timed(metrics, "perf/update_s"):
+                    if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
+                        explorer.load_state_dict(policy.state_dict())
+                        one_step_rows, explorer_stats = train_explorer(batch)
+                    elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                        explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
+                with timed(metrics, "perf/rollout_s"):
+                    explorer_trajectories = rollout(
+                        explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
+                        args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
+                        temperature=args.temperature, metrics=metrics, autocast=autocast,
                     )  # fmt: skip
-                    update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
+                metrics["explorer/env_steps"] = sum(len(t.turns) for t in explorer_trajectories)
+                env_steps += metrics["explorer/env_steps"]
+
+                # THE SWAP: agent B's trajectories keep only their outcome reward; the buffered ones of this
+                # iteration's tasks join the policy's batch
+                buffer.add(swap_rewards(explorer_trajectories), iteration)
+                train_trajectories = batch + buffer.sample(task_seeds, iteration, args.buffer_extra_other_tasks)
+                metrics["buffer/size"] = len(buffer)
+                metrics["buffer/sampled"] = len(train_trajectories) - len(batch)
+
+            with timed(metrics, "perf/update_s"):
+                # ADVANTAGES: turn-level GAE with the POLICY's critic, for its own and the swapped turns alike
+                adv, ret, old_v = ppo_advantages(
+                    train_trajectories, critic, policy_reward, args, pad_id=pad_id, autocast=autocast
+                )
+
+                # UPDATE: agent B on its own rollouts with the process reward, then the policy on the outcome reward
+                # (the process reward in --reward-mode process)
+                if swap and args.explorer == "agent_b":
+                    _, explorer_stats = train_explorer(explorer_trajectories)
+                rows = make_rows(train_trajectories, adv, ret, old_v)
+                # one_step: the explorer had the policy's weights when it prepared its rows of the batch (the first
+                # rows here): its old and reference log-probs are the policy's
+                for row, shared in zip(rows, one_step_rows):
+                    assert row.input_ids == shared.input_ids
+                    row.old_logprobs, row.ref_logprobs = shared.old_logprobs, shared.ref_logprobs
+                    row.is_weights = torch.ones_like(shared.old_logprobs)
+                prepare_rows(policy, ref_model, rows[len(one_step_rows) :], args, pad_id=pad_id, autocast=autocast)
+                metrics.update(explorer_distance_metrics([r for r in rows if r.swapped], iteration, tokenizer))
+                policy_stats = update(
+                    policy, optimizers["policy"], critic, optimizers["critic"], rows, args, epochs=args.update_epochs,
+                    pad_id=pad_id, autocast=autocast,
+                )  # fmt: skip
+
+            # LOG: the training curve is the policy's own rollouts
+            outcome, process = [t.outcome_return for t in batch], [t.process_return for t in batch]
+            trained_tokens = policy_stats["trained_tokens"] + (explorer_stats["trained_tokens"] if swap else 0)
+            metrics.update(
+                {
+                    "env_steps": env_steps,
+                    "train/success_rate": float(np.mean([t.won for t in batch])),
+                    "train/outcome_return": float(np.mean(outcome)),
+                    "train/process_return": float(np.mean(process)),
+                    "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
+                    "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
+                    "train/truncated_rate": float(np.mean([t.turns[-1].truncated for t in batch])),
+                    "train/nonzero_adv_groups_before_swap": nonzero_outcome_group_share(batch, task_seeds),
+                    "charts/learning_rate": optimizers["policy"].param_groups[0]["lr"],
+                    "perf/gen_tokens_per_s": metrics.pop("gen_tokens") / max(metrics.pop("gen_s"), 1e-9),
+                    "perf/train_tokens_per_s": trained_tokens / max(metrics["perf/update_s"], 1e-9),
+                }
+            )
+            losses = {k: v for k, v in policy_stats.items() if k not in ("trained_tokens", "update_rows")}
+            metrics.update({f"losses/{k}": v for k, v in losses.items()})
+            if swap:
+                after = nonzero_outcome_group_share(train_trajectories, task_seeds)
+                metrics["train/nonzero_adv_groups_after_swap"] = after
+                metrics.update({f"explorer/{k}": v for k, v in explorer_stats.items() if k != "trained_tokens"})
                 metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
                 metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
-                buffer.add(swap_rewards(explorer_trajectories), iteration)
-                train_trajs = batch + buffer.sample(task_seeds, iteration, args.buffer_extra_other_tasks)
-                metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(train_trajs) - len(batch)
+            corr = pearson(process, outcome)
+            if corr is not None:
+                metrics["train/process_outcome_corr"] = corr
+            last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
+            if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
+                metrics.update(run_eval(iteration))
+            logger.log(metrics, step=iteration)
 
-            # ADVANTAGES: turn-level GAE with the POLICY's critic, for its own and the swapped turns alike
-            t0 = time.perf_counter()
-            adv, ret, old_v = ppo_advantages(train_trajs, critic, policy_reward, **adv_kw)
-            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_outcome_group_share(batch, task_seeds)
-            if swap:
-                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_outcome_group_share(train_trajs, task_seeds)
-
-            # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
-            rows = make_rows(train_trajs, adv, ret, old_v, off_policy=[t.sampler == "explorer" for t in train_trajs])
-            if shared_logprobs is not None:
-                # the batch's rows come first in `rows`, in the same order as the explorer's rows
-                for r, (ids, old, ref) in zip(rows, shared_logprobs):
-                    if r.input_ids != ids:
-                        raise RuntimeError("the policy batch's rows are not in the explorer's order")
-                    r.old_logprobs, r.ref_logprobs, r.is_weights = old, ref, torch.ones_like(old)
-                prepare_rows(policy, ref_model, rows[len(shared_logprobs) :], **prepare_kw)
-            else:
-                prepare_rows(policy, ref_model, rows, **prepare_kw)
-            metrics.update(explorer_distance_metrics([r for r in rows if r.swapped], iteration, tokenizer))
-            pstats = update(policy, optimizer, critic, critic_optimizer, rows, epochs=args.update_epochs, **update_kw)
-            update_s += time.perf_counter() - t0
-            trained_tokens += pstats["trained_tokens"]
-        except NonFiniteLoss as err:
-            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
-            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
-            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
-            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
-
-        # LOGGING (training curve from the policy's own rollouts only)
-        outcome = [t.outcome_return for t in batch]
-        process = [t.process_return for t in batch]
-        metrics.update(
-            {
-                "env_steps": env_steps,
-                "train/success_rate": float(np.mean([t.won for t in batch])),
-                "train/outcome_return": float(np.mean(outcome)),
-                "train/process_return": float(np.mean(process)),
-                "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
-                "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
-                "train/truncated_rate": float(np.mean([t.turns[-1].truncated for t in batch])),
-                "losses/policy_loss": pstats["policy_loss"],
-                "losses/clip_frac": pstats["clip_frac"],
-                "losses/approx_kl": pstats["approx_kl"],
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "perf/rollout_s": rollout_s,
-                "perf/update_s": update_s,
-                "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
-                "perf/train_tokens_per_s": trained_tokens / max(update_s, 1e-9),
-            }
-        )
-        for k in ("kl", "entropy", "value_loss", "explained_variance"):
-            if k in pstats:
-                metrics[f"losses/{k}"] = pstats[k]
-        corr = pearson(process, outcome)
-        if corr is not None:
-            metrics["train/process_outcome_corr"] = corr
-        last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
-        if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
-            metrics.update(run_eval(iteration))
-        logger.log(metrics, step=iteration)
-        if last or iteration % args.checkpoint_every == 0:
-            save(iteration)
-        if last:
-            break
+            # SAVE (the checkpoint's `extra`: env steps and the replay buffer)
+            if last or iteration % args.checkpoint_every == 0:
+                loop_state = {"env_steps": env_steps, "buffer": buffer.state_dict()}
+                logger.save_checkpoint(iteration, modules, optimizers, extra=loop_state)
+            if last:
+                break
+    except NonFiniteLoss as err:
+        # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
+        path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+        kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+        raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
         policy.save_pretrained(logger.dir / "model")

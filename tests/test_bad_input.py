@@ -97,6 +97,8 @@ BAD_FLAGS = [
     ("ppo", ["--clip-coef", "nan"], "--clip-coef nan"),
     ("ppo", ["--outcome-scale", "1e40"], "--outcome-scale 1e+40"),
     ("ppo", ["--gamma", "1.5"], "--gamma 1.5"),
+    ("ppo", ["--group-size", "0"], "--group-size 0"),
+    ("ppo", ["--explorer-rollouts-per-task", "0"], "--explorer-rollouts-per-task 0"),
     ("gigpo", ["--tasks-per-iteration", "0"], "--tasks-per-iteration 0"),
     ("gigpo", ["--group-size", "-1"], "--group-size -1"),
     ("gigpo", ["--max-new-tokens", "0"], "--max-new-tokens 0"),

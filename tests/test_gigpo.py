@@ -1,6 +1,7 @@
 """Tests of rspo_gigpo.py: GiGPO advantages and step returns against hand-computed numbers, the losses, the swap,
 the replay buffer, and 2-iteration end-to-end runs of the script on both benchmarks (all reward modes, resume)."""
 
+import contextlib
 import json
 import math
 import subprocess
@@ -494,11 +495,11 @@ def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
 def test_rows_skip_empty_responses_and_keep_turn_indices():
     a, b = _traj(0, ["x", "y", "z"], False), gg.swap_rewards([_traj(0, ["x"], True, sampled_by="explorer")])[0]
     a.turns[1].response_ids, a.turns[1].behaviour_logprobs = [], []
-    rows = gg.make_rows([a], off_policy=[False]) + gg.make_rows([b], off_policy=[True], turn_offset=3)
+    rows = gg.make_rows([a]) + gg.make_rows([b], turn_offset=3)
     assert [r.turn_index for r in rows] == [0, 2, 3]
     gg.set_advantages(rows, torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert [r.advantage for r in rows] == [1.0, 3.0, 4.0]
-    assert [r.swapped for r in rows] == [False, False, True] and rows[2].off_policy
+    assert [r.swapped for r in rows] == [False, False, True]  # the swapped trajectory's rows only
 
 
 def test_update_is_the_same_under_gradient_accumulation(small_lm):
@@ -511,15 +512,16 @@ def test_update_is_the_same_under_gradient_accumulation(small_lm):
         for i in range(5):
             p, r = 3 + i % 3, 2 + i % 2
             ids = torch.randint(1, 40, (p + r,), generator=gen.manual_seed(i)).tolist()
-            rows.append(gg.Row(ids, p, [-3.0] * r, float(i - 2), swapped=i == 4, off_policy=i == 4, iteration=1))
-        kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=gg.nullcontext)
-        gg.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=micro, **kw)
+            rows.append(gg.Row(ids, p, [-3.0] * r, float(i - 2), swapped=i == 4, iteration=1))
+        args = gg.Args(
+            temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=micro, clip_coef=0.2,
+            dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9, off_policy_correction="tis",
+        )  # fmt: skip
+        kw = dict(pad_id=0, autocast=contextlib.nullcontext)
+        gg.prepare_rows(model, ref, rows, args, **kw)
         assert all(torch.all(r.is_weights == 1) for r in rows[:4]) and torch.all(rows[4].is_weights <= 2.0)
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        stats = gg.update(
-            model, opt, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=micro, clip_coef=0.2,
-            dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9, use_is_weights=True, **kw,
-        )  # fmt: skip
+        stats = gg.update(model, opt, rows, args, epochs=1, **kw)
         assert stats["clip_frac"] == 0.0 and stats["approx_kl"] == pytest.approx(0.0, abs=1e-10)
         params.append(torch.cat([q.detach().flatten() for q in model.parameters()]))
     torch.testing.assert_close(params[0], params[1], atol=1e-6, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Tests of rspo_ppo_alfworld.py: the pure functions against hand-computed numbers, then the script end to end."""
 
 import contextlib
+import dataclasses
 import json
 import math
 import subprocess
@@ -145,14 +146,20 @@ def tiny_critic(tiny_lm):
     return critic.eval()
 
 
-VALUE_KW = dict(pad_id=0, device=torch.device("cpu"), micro_batch_tokens=4096, autocast=contextlib.nullcontext)
+# The flags the plumbing reads in these tests, spelled out (a change of a default does not change the tests).
+ARGS = p.Args(
+    advantage_estimator="turn_gae", gamma=0.99, gae_lambda=0.95, outcome_scale=10.0, norm_adv=True, invalid_penalty=0.1,
+    temperature=1.0, is_cap=2.0, minibatch_tokens=10**6, micro_batch_tokens=4096, clip_coef=0.2, dual_clip=3.0,
+    vf_clip=2.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, off_policy_correction="tis",
+)  # fmt: skip
+KW = dict(pad_id=0, autocast=contextlib.nullcontext)
 
 
 def test_critic_values_read_at_the_last_prompt_token(tiny_critic):
     seqs = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14]]
     plens = [3, 2, 1]  # prompt = the first plen tokens
-    got = p.critic_values(tiny_critic, seqs, plens, per_token=False, **VALUE_KW)
-    per_tok = p.critic_values(tiny_critic, seqs, plens, per_token=True, **VALUE_KW)
+    got = p.critic_values(tiny_critic, seqs, plens, ARGS, per_token=False, **KW)
+    per_tok = p.critic_values(tiny_critic, seqs, plens, ARGS, per_token=True, **KW)
     with torch.no_grad():
         for s, n, g, pt in zip(seqs, plens, got, per_tok):
             alone = tiny_critic(torch.tensor([s[:n]]), torch.ones(1, n, dtype=torch.long))[0]
@@ -204,18 +211,12 @@ def test_swap_drops_process_rewards():
         p.turn_rewards(swapped, "process", 10.0)
 
 
-ADV_KW = dict(
-    estimator="turn_gae", gamma=0.99, lam=0.95, outcome_scale=10.0, norm_adv=True, invalid_penalty=0.1,
-    value_kw=VALUE_KW,
-)  # fmt: skip
-
-
 def test_explorer_process_rewards_never_reach_the_policy_update(tiny_critic):
     policy = [_traj(7, False, truncated=True), _traj(7, False)]
     a = p.swap_rewards([_traj(7, True, process=(5.0, -3.0), sampler="explorer")])
     b = p.swap_rewards([_traj(7, True, process=(float("nan"), 1e9), sampler="explorer")])
-    adv_a, ret_a, v_a = p.ppo_advantages(policy + a, tiny_critic, "outcome", **ADV_KW)
-    adv_b, ret_b, v_b = p.ppo_advantages(policy + b, tiny_critic, "outcome", **ADV_KW)
+    adv_a, ret_a, v_a = p.ppo_advantages(policy + a, tiny_critic, "outcome", ARGS, **KW)
+    adv_b, ret_b, v_b = p.ppo_advantages(policy + b, tiny_critic, "outcome", ARGS, **KW)
     for x, y in ((adv_a, adv_b), (ret_a, ret_b), (v_a, v_b)):
         for tx, ty in zip(x, y):
             for u, w in zip(tx, ty):
@@ -224,22 +225,22 @@ def test_explorer_process_rewards_never_reach_the_policy_update(tiny_critic):
     # the policy's critic values the swapped turns too (same prompts -> same values as the policy's own turns)
     torch.testing.assert_close(v_a[2][0], v_a[0][0])
     with pytest.raises(ValueError):
-        p.ppo_advantages(policy + a, tiny_critic, "process", **ADV_KW)
+        p.ppo_advantages(policy + a, tiny_critic, "process", ARGS, **KW)
 
 
 def test_ppo_advantages_bootstrap_and_invalid_penalty(tiny_critic):
     traj = _traj(1, False, process=(0.0, 0.0), truncated=True)
     traj.turns[0].valid = False
-    kw = {**ADV_KW, "norm_adv": False}
-    adv, ret, old_v = p.ppo_advantages([traj], tiny_critic, "outcome", **kw)
+    adv, ret, old_v = p.ppo_advantages([traj], tiny_critic, "outcome", dataclasses.replace(ARGS, norm_adv=False), **KW)
     v = torch.cat(old_v[0])
-    boot = p.critic_values(tiny_critic, [[2, 3, 8]], [3], per_token=False, **VALUE_KW)[0]
+    boot = p.critic_values(tiny_critic, [[2, 3, 8]], [3], ARGS, per_token=False, **KW)[0]
     expected, _ = p.compute_turn_gae(torch.zeros(2), v, torch.zeros(2), 0.99, 0.95, bootstrap_value=boot.item())
     torch.testing.assert_close(adv[0][0], (expected[0] - 0.1).expand(2))  # turn 0 invalid: -0.1 after GAE
     torch.testing.assert_close(adv[0][1], expected[1].expand(2))
     torch.testing.assert_close(torch.cat(ret[0]), expected + v)
     # whitened: zero mean over the response tokens (before the penalty)
-    adv_w, _, _ = p.ppo_advantages([traj, _traj(2, True)], tiny_critic, "outcome", **{**ADV_KW, "invalid_penalty": 0.0})
+    no_penalty = dataclasses.replace(ARGS, invalid_penalty=0.0)
+    adv_w, _, _ = p.ppo_advantages([traj, _traj(2, True)], tiny_critic, "outcome", no_penalty, **KW)
     assert abs(torch.cat([a for t in adv_w for a in t]).mean().item()) < 1e-5
 
 
@@ -253,8 +254,8 @@ def test_replay_buffer_capacity_age_tasks_and_extra():
     buf.add(p.swap_rewards([_traj(3, True, sampler="explorer"), _traj(1, False, sampler="explorer")]), 2)
     assert len(buf) == 3  # capacity: the first (task 1, won) left
     assert [t.task_seed for t in buf.sample([1, 2], 2)] == [2, 1]
-    extra = buf.sample([1], 2, num_other=5, rng=random.Random(0))
-    assert sorted(t.task_seed for t in extra) == [1, 2, 3]
+    with_others = buf.sample([1], 2, num_other=5, rng=random.Random(0))
+    assert sorted(t.task_seed for t in with_others) == [1, 2, 3]
     assert len(buf.sample([1], 2, num_other=1, rng=random.Random(0))) == 2
     assert [t.task_seed for t in buf.sample([1, 2, 3], 3)] == [3, 1]  # age: iteration 1's entry expired
     state = buf.state_dict()
@@ -271,8 +272,10 @@ def _rows(tiny_critic, swapped_last=True):
     trajs = [_traj(1, False, truncated=True), _traj(2, True)]
     if swapped_last:
         trajs += p.swap_rewards([_traj(2, True, sampler="explorer")])
-    adv, ret, old_v = p.ppo_advantages(trajs, tiny_critic, "outcome", **ADV_KW)
-    return p.make_rows(trajs, adv, ret, old_v, off_policy=[t.sampler == "explorer" for t in trajs])
+    adv, ret, old_v = p.ppo_advantages(trajs, tiny_critic, "outcome", ARGS, **KW)
+    rows = p.make_rows(trajs, adv, ret, old_v)
+    assert [r.swapped for r in rows] == [t.sampler == "explorer" for t in trajs for _ in t.turns]
+    return rows
 
 
 def test_update_is_the_same_under_gradient_accumulation(tiny_lm, tiny_critic):
@@ -283,15 +286,11 @@ def test_update_is_the_same_under_gradient_accumulation(tiny_lm, tiny_critic):
         torch.manual_seed(0)
         model, critic = copy.deepcopy(tiny_lm), copy.deepcopy(tiny_critic)
         rows = _rows(critic)
-        kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
-        p.prepare_rows(model, tiny_lm, rows, is_cap=2.0, micro_batch_tokens=micro_tokens, **kw)
+        args = dataclasses.replace(ARGS, micro_batch_tokens=micro_tokens, max_grad_norm=1e9)
+        p.prepare_rows(model, tiny_lm, rows, args, **KW)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         copt = torch.optim.SGD(critic.parameters(), lr=0.1)
-        stats = p.update(
-            model, opt, critic, copt, rows, epochs=1, minibatch_tokens=10**6, micro_batch_tokens=micro_tokens,
-            clip_coef=0.2, dual_clip=3.0, vf_clip=2.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9,
-            use_is_weights=True, **kw,
-        )  # fmt: skip
+        stats = p.update(model, opt, critic, copt, rows, args, epochs=1, **KW)
         results.append((stats, [q.detach().clone() for q in model.parameters()], critic.head.weight.detach().clone()))
     (s0, p0, h0), (s1, p1, h1) = results
     for a, b in zip(p0, p1):
@@ -310,16 +309,12 @@ def test_value_loss_uses_only_own_turns(tiny_lm, tiny_critic):
     assert own_targets < sum(len(r.returns) for r in rows)
     # a critic trained only on the swapped rows would not move: give the own rows no value target
     rows_swapped_only = [r for r in rows if r.swapped]
-    kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
-    p.prepare_rows(tiny_lm, tiny_lm, rows_swapped_only, is_cap=2.0, micro_batch_tokens=4096, **kw)
+    p.prepare_rows(tiny_lm, tiny_lm, rows_swapped_only, ARGS, **KW)
     before = [q.detach().clone() for q in critic.parameters()]
     copt = torch.optim.SGD(critic.parameters(), lr=0.1)
     model = copy.deepcopy(tiny_lm)
-    stats = p.update(
-        model, torch.optim.SGD(model.parameters(), lr=0.0), critic, copt, rows_swapped_only,
-        epochs=1, minibatch_tokens=10**6, micro_batch_tokens=4096, clip_coef=0.2, dual_clip=3.0, vf_clip=2.0,
-        kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, use_is_weights=True, **kw,
-    )  # fmt: skip
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = p.update(model, opt, critic, copt, rows_swapped_only, ARGS, epochs=1, **KW)
     assert "value_loss" not in stats and "kl" not in stats
     for a, b in zip(before, critic.parameters()):
         assert torch.equal(a, b)
@@ -408,14 +403,10 @@ def test_non_finite_loss_is_reported(tiny_lm, tiny_critic):
     model, critic = copy.deepcopy(tiny_lm), copy.deepcopy(tiny_critic)
     rows = _rows(critic, swapped_last=False)
     rows[0].advantages = torch.full_like(rows[0].advantages, float("nan"))
-    kw = dict(temperature=1.0, pad_id=0, device=torch.device("cpu"), autocast=contextlib.nullcontext)
-    p.prepare_rows(model, tiny_lm, rows, is_cap=2.0, micro_batch_tokens=4096, **kw)
+    p.prepare_rows(model, tiny_lm, rows, ARGS, **KW)
+    opt, copt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1)
     with pytest.raises(p.NonFiniteLoss):
-        p.update(
-            model, torch.optim.SGD(model.parameters(), lr=0.1), critic, torch.optim.SGD(critic.parameters(), lr=0.1),
-            rows, epochs=1, minibatch_tokens=10**6, micro_batch_tokens=4096, clip_coef=0.2, dual_clip=3.0,
-            vf_clip=2.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, use_is_weights=True, **kw,
-        )  # fmt: skip
+        p.update(model, opt, critic, copt, rows, ARGS, epochs=1, **KW)
 
 
 def test_length_sorted_chunks_cover_every_index_once():

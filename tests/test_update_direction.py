@@ -21,34 +21,61 @@ LOSS_KW = dict(clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_g
 
 
 def _group_script(module, autocast):
-    """make_row and update of the GRPO and GiGPO scripts (one advantage per row)."""
+    """make_row, prepare and update of the GRPO script (one advantage per row)."""
 
     def make_row(response, behaviour, advantage, swapped):
         return module.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, swapped, iteration=1)
+
+    def prepare(model, ref, rows):
+        module.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
 
     def update(model, optimizer, rows):
         module.update(model, optimizer, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=10_000,
                       **LOSS_KW, **KW, autocast=autocast)  # fmt: skip
 
-    return make_row, update
+    return make_row, prepare, update
+
+
+def _gigpo_script(autocast):
+    """make_row, prepare_rows and update of the GiGPO script (LOSS_KW and KW given as its Args)."""
+    g = rspo_gigpo
+    args = g.Args(
+        temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, clip_coef=0.2, dual_clip=3.0,
+        kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, off_policy_correction="tis",
+    )  # fmt: skip
+
+    def make_row(response, behaviour, advantage, swapped):
+        return g.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, iteration=1)
+
+    def prepare(model, ref, rows):
+        g.prepare_rows(model, ref, rows, args, pad_id=KW["pad_id"], autocast=autocast)
+
+    def update(model, optimizer, rows):
+        g.update(model, optimizer, rows, args, epochs=1, pad_id=KW["pad_id"], autocast=autocast)
+
+    return make_row, prepare, update
 
 
 def _ppo_script(model, autocast):
-    """make_row and update of the PPO script (per-token advantages, a critic trained beside the policy)."""
+    """make_row, prepare and update of the PPO script (per-token advantages, a critic trained beside the policy)."""
     p = rspo_ppo_alfworld
     critic = models.build_critic(model)
     critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=1e-3)
+    args = p.Args(temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, vf_clip=2.0,
+                  clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0,
+                  off_policy_correction="tis")  # fmt: skip
 
     def make_row(response, behaviour, advantage, swapped):
         return p.Row(PROMPT + response, len(PROMPT), behaviour, advantages=torch.full((len(response),), advantage),
-                     returns=torch.zeros(1), old_values=torch.zeros(1), swapped=swapped, off_policy=swapped,
-                     iteration=1)  # fmt: skip
+                     returns=torch.zeros(1), old_values=torch.zeros(1), swapped=swapped, iteration=1)  # fmt: skip
+
+    def prepare(model, ref, rows):
+        p.prepare_rows(model, ref, rows, args, pad_id=0, autocast=autocast)
 
     def update(model, optimizer, rows):
-        p.update(model, optimizer, critic, critic_optimizer, rows, epochs=1, minibatch_tokens=10_000,
-                 micro_batch_tokens=10_000, vf_clip=2.0, **LOSS_KW, **KW, autocast=autocast)  # fmt: skip
+        p.update(model, optimizer, critic, critic_optimizer, rows, args, epochs=1, pad_id=0, autocast=autocast)
 
-    return make_row, update
+    return make_row, prepare, update
 
 
 @pytest.mark.parametrize("precision", list(AUTOCAST))
@@ -62,7 +89,12 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
     model = small_lm(pad_token_id=0, eos_token_id=1)
     ref = copy.deepcopy(model)
     autocast = AUTOCAST[precision]
-    make_row, update = _ppo_script(model, autocast) if script == "ppo" else _group_script(module, autocast)
+    if script == "gigpo":
+        make_row, prepare, update = _gigpo_script(autocast)
+    elif script == "ppo":
+        make_row, prepare, update = _ppo_script(model, autocast)
+    else:
+        make_row, prepare, update = _group_script(module, autocast)
 
     def response_logprobs(response) -> list[float]:
         ids = torch.tensor([PROMPT + response])
@@ -74,7 +106,7 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(20):
         rows = [make_row(r, response_logprobs(r), a, swapped) for r, a in ((GOOD, 1.0), (BAD, -1.0))]
-        module.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
+        prepare(model, ref, rows)
         update(model, optimizer, rows)
     after = sum(response_logprobs(GOOD)), sum(response_logprobs(BAD))
     assert after[0] > before[0] + 1.0, (before, after)
