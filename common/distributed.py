@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import dataclasses
 import functools
 import os
 import pathlib
@@ -230,22 +231,44 @@ def from_main(value):
     return box[0]
 
 
+@dataclasses.dataclass
+class _Leaf:
+    index: int
+    is_int: bool
+
+
 def sum_all(x):
-    """A number, a tensor, or a dict of numbers summed over the ranks (same keys on every rank; ints stay ints).
-    One process: x itself."""
+    """Numbers summed over the ranks: a number, a tensor, or a dict / list / tuple of numbers (nested; same keys
+    and lengths on every rank; ints stay ints), in one all-reduce. One process: x itself."""
     if not active():
         return x
-    if isinstance(x, dict):
-        keys = list(x)
-        values = sum_all(torch.tensor([float(x[k]) for k in keys], dtype=torch.float64))
-        return {k: int(v) if isinstance(x[k], int) else float(v) for k, v in zip(keys, values.tolist())}
     if isinstance(x, torch.Tensor):
         t = x.detach().to(_DEVICE, copy=True)
         dist.all_reduce(t)
         return t.to(x.device)
-    t = torch.tensor(float(x), dtype=torch.float64, device=_DEVICE)
-    dist.all_reduce(t)
-    return int(t.item()) if isinstance(x, int) else float(t.item())
+    leaves: list[float] = []
+
+    def flatten(v):  # the same structure with the position in `leaves` (and int-ness) at each number
+        if isinstance(v, dict):
+            return {k: flatten(u) for k, u in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(flatten(u) for u in v)
+        leaves.append(float(v))
+        return _Leaf(len(leaves) - 1, isinstance(v, int) and not isinstance(v, bool))
+
+    shape = flatten(x)
+    total = torch.tensor(leaves, dtype=torch.float64, device=_DEVICE)
+    dist.all_reduce(total)
+    values = total.tolist()
+
+    def rebuild(v):
+        if isinstance(v, _Leaf):
+            return int(round(values[v.index])) if v.is_int else values[v.index]
+        if isinstance(v, dict):
+            return {k: rebuild(u) for k, u in v.items()}
+        return type(v)(rebuild(u) for u in v)
+
+    return rebuild(shape)
 
 
 def mean_all(value: float, weight: float) -> float:
