@@ -27,6 +27,7 @@ import functools
 import os
 import pathlib
 import shutil
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -132,6 +133,10 @@ def shard(*models: nn.Module | None):
         ids = torch.zeros((1, 1), dtype=torch.long, device=_DEVICE)
         with torch.no_grad():
             model(input_ids=ids, attention_mask=torch.ones_like(ids))
+        for m in _fsdp_modules(model):  # the root keeps its weights whole after a forward: the optimiser needs shards
+            m.reshard()
+        if not all(type(p).__name__ == "DTensor" for p in model.parameters()):
+            raise RuntimeError(f"shard: some parameters of {type(model).__name__} are not sharded")
     return models[0] if len(models) == 1 else models
 
 
@@ -191,7 +196,10 @@ def steps(chunks: Sequence) -> list:
 
 def zero_backward(model: nn.Module) -> None:
     """A forward and backward through `model` (a causal LM or a model taking input_ids and attention_mask) whose
-    gradients are zero: a rank's padding step (see `steps`) joins FSDP's collectives and adds nothing."""
+    gradients are zero: a rank's padding step (see `steps`) joins FSDP's collectives and adds nothing. One
+    process: nothing (no rank waits for it)."""
+    if not active():
+        return
     ids = torch.zeros((1, 2), dtype=torch.long, device=_DEVICE)
     out = model(input_ids=ids, attention_mask=torch.ones_like(ids))
     out = getattr(out, "logits", out)
@@ -222,6 +230,16 @@ def gather(items: Sequence) -> list:
     return [x for part in out for x in part]
 
 
+def across_ranks(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn (e.g. whitening) applied to the concatenation along dim 0 of every rank's x, and this rank's part of the
+    result: a statistic over the global batch. One process: fn(x)."""
+    if not active():
+        return fn(x)
+    parts = gather([x.detach().cpu()])
+    offset = sum(len(p) for p in parts[: rank()])
+    return fn(torch.cat(parts).to(x.device))[offset : offset + len(x)]
+
+
 def from_main(value):
     """Rank 0's `value` on every rank (e.g. the run folder that rank 0 made). One process: value."""
     if not active():
@@ -237,20 +255,61 @@ class _Leaf:
     is_int: bool
 
 
+def _skeleton(v):
+    """v with every number replaced by a zero of its type (dicts, lists and tuples kept)."""
+    if isinstance(v, dict):
+        return {k: _skeleton(u) for k, u in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_skeleton(u) for u in v]
+    return 0 if isinstance(v, int) and not isinstance(v, bool) else 0.0
+
+
+def _merge(a, b):
+    """The union of two skeletons (a dict key missing on one rank counts as 0 there)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return {
+            **{k: _merge(u, b[k]) if k in b else u for k, u in a.items()},
+            **{k: u for k, u in b.items() if k not in a},
+        }
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [_merge(u, w) for u, w in zip(a, b)]
+    if isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+        raise ValueError(f"sum_all: the ranks passed different structures ({a!r} and {b!r})")
+    return a if isinstance(a, int) and isinstance(b, int) else 0.0
+
+
+def _fill(v, skeleton):
+    """v with the keys of `skeleton` that it lacks (zeros); a dict keeps its type (e.g. a defaultdict)."""
+    if isinstance(v, dict):
+        items = {k: _fill(v[k], u) if k in v else u for k, u in skeleton.items()}
+        return type(v)(v.default_factory, items) if isinstance(v, defaultdict) else type(v)(items)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_fill(u, w) for u, w in zip(v, skeleton))
+    return v
+
+
 def sum_all(x):
-    """Numbers summed over the ranks: a number, a tensor, or a dict / list / tuple of numbers (nested; same keys
-    and lengths on every rank; ints stay ints), in one all-reduce. One process: x itself."""
+    """Numbers summed over the ranks: a number, a tensor, or a dict / list / tuple of numbers (nested; a dict key
+    that some ranks lack counts as 0 there; ints stay ints), in one all-reduce. One process: x itself."""
     if not active():
         return x
     if isinstance(x, torch.Tensor):
         t = x.detach().to(_DEVICE, copy=True)
         dist.all_reduce(t)
         return t.to(x.device)
+    if isinstance(x, (dict, list, tuple)):
+        skeletons: list[Any] = [None] * world_size()
+        dist.all_gather_object(skeletons, _skeleton(x))
+        union = skeletons[0]
+        for other in skeletons[1:]:
+            union = _merge(union, other)
+        x = _fill(x, union)
     leaves: list[float] = []
 
     def flatten(v):  # the same structure with the position in `leaves` (and int-ness) at each number
         if isinstance(v, dict):
-            return {k: flatten(u) for k, u in v.items()}
+            items = {k: flatten(u) for k, u in v.items()}
+            return type(v)(v.default_factory, items) if isinstance(v, defaultdict) else type(v)(items)
         if isinstance(v, (list, tuple)):
             return type(v)(flatten(u) for u in v)
         leaves.append(float(v))
@@ -265,7 +324,8 @@ def sum_all(x):
         if isinstance(v, _Leaf):
             return int(round(values[v.index])) if v.is_int else values[v.index]
         if isinstance(v, dict):
-            return {k: rebuild(u) for k, u in v.items()}
+            items = {k: rebuild(u) for k, u in v.items()}
+            return type(v)(v.default_factory, items) if isinstance(v, defaultdict) else type(v)(items)
         return type(v)(rebuild(u) for u in v)
 
     return rebuild(shape)
@@ -361,6 +421,20 @@ def load_checkpoint(
         if o is not None:
             set_optimizer_state_dict(modules[k], o, sharded["optimizers"][k])
     return read_rank_state(folder)
+
+
+def save_state_dict(module: nn.Module, path: pathlib.Path) -> None:
+    """torch.save(module.state_dict(), path); under torchrun rank 0 writes the full weights gathered from the
+    shards (collective)."""
+    if not active():
+        torch.save(module.state_dict(), path)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if is_main():
+        torch.save(full, path)
+    barrier()
 
 
 def save_pretrained(folder: pathlib.Path, *objects) -> None:
