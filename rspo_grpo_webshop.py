@@ -1,23 +1,21 @@
 """RSPO with multi-turn GRPO on WebShop. Docs: docs/rspo_grpo_webshop.md
 
-One iteration: B shopping tasks are each played by a group of G policy rollouts (lockstep, batched generation).
-In the default `--reward-mode swap` (RSPO), an explorer ("agent B", a second model that starts as a copy of the
-policy and is re-synced from it every K iterations) plays the same tasks and takes its own GRPO step on its own
-rollouts with the dense *process* reward; its trajectories have their rewards swapped back to the sparse
-*outcome* reward before they enter a replay buffer; buffered trajectories of this iteration's tasks join their
-task's GRPO group, and the policy takes its GRPO step on the outcome reward only, with truncated importance
-weights on the explorer's tokens. `--reward-mode outcome` and `--reward-mode process` are the two
-baselines (GRPO on the sparse reward, GRPO on the dense reward).
+Each iteration the policy plays B tasks G_on times (lockstep, batched generation). In `--reward-mode swap` (RSPO) an
+explorer, agent B, plays the same tasks and learns the dense *process* reward on its own rollouts; its trajectories,
+rewards swapped to the sparse *outcome* reward, join their task's GRPO group through a replay buffer, and the policy
+learns the outcome only, with truncated importance weights on the explorer's tokens. `--reward-mode outcome` and
+`--reward-mode process` are the GRPO baselines on the sparse and on the dense reward.
 """
 
 import copy
 import dataclasses
+import functools
 import os
 import random
 import time
 from collections import deque
 from collections.abc import Hashable, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -34,7 +32,7 @@ class Args:
     exp_name: str = os.path.basename(__file__)[: -len(".py")]
     """the name of this experiment"""
     seed: int = 1
-    """seed of the experiment (tasks, sampling, the tiny model's warm start)"""
+    """seed of the experiment (tasks, sampling)"""
     torch_deterministic: bool = True
     """if toggled, `torch.backends.cudnn.deterministic=True` and deterministic algorithms"""
     cuda: bool = True
@@ -56,20 +54,17 @@ class Args:
     max_steps: int = 15
     """environment steps per episode (WebShop's limit is 15)"""
     process_reward: Literal["aligned", "misaligned"] = "misaligned"
-    """the env's dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` ignores the goal's
-    options, so a hurried purchase of the right product pays as much as the exact match (envs/webshop.py)"""
+    """the dense reward: `aligned` agrees with the outcome at its optimum; `misaligned` ignores the goal's options"""
     history_len: int = 2
-    """previous turns in each prompt: (observation, action) pairs; the tiny model's short form: actions only"""
+    """previous (observation, action) turns in each prompt (the tiny model's short form: actions only)"""
     max_prompt_tokens: Optional[int] = None
-    """prompt budget in tokens (oldest history dropped first; None: the tiny model's warm-start budget, else 4096);
-    capped by the model's context minus max_new_tokens"""
+    """prompt budget in tokens, oldest turns dropped first (None: the tiny model's 512, else 4096; within context)"""
 
     # Model and rollout
     model_name: str = "tiny"
     """`tiny` (local, warm-started on expert turns), `smollm2-135m`, or a Hugging Face id / local path (offline)"""
     tiny_seed: int = 1
-    """which tiny model: the seed of its build (1: the committed one, the same weights on every machine; others are
-    built and cached on first use); --seed varies the training run from the same start"""
+    """the tiny model's build seed (1: the committed weights; others are built and cached on first use)"""
     rollout_backend: Literal["hf", "vllm"] = "hf"
     """generation backend: Hugging Face generate (CPU/GPU) or vLLM (GPU)"""
     generation_batch_size: Optional[int] = None
@@ -121,9 +116,7 @@ class Args:
     explorer_rollouts_per_task: int = 4
     """G_off: explorer rollouts per task (swap mode)"""
     explorer: Literal["agent_b", "one_step"] = "agent_b"
-    """`agent_b`: a persistent explorer trained with GRPO on the process reward on its own rollouts; `one_step`:
-    re-copied from the policy every iteration and given one GRPO step on the policy's batch before it plays
-    (within ~0.001 nats/token of the policy: extra policy samples, kept for comparison)"""
+    """`agent_b`: persistent, GRPO on the process reward on its own rollouts; `one_step`: a fresh copy, one step"""
     explorer_sync_every: int = 20
     """agent_b: copy the policy's weights into the explorer every this many iterations (0: never)"""
     explorer_learning_rate: Optional[float] = 5e-4
@@ -147,11 +140,9 @@ class Args:
     eval_at_start: bool = True
     """also evaluate the initial policy (logged at iteration 0)"""
     num_eval_tasks: int = 50
-    """evaluation tasks: the first goals of --eval-split (test goals 0, 1, ..., at most 500)"""
+    """evaluation tasks: the first goals of --eval-split (at most 500)"""
     eval_split: Literal["test", "train", "valid"] = "test"
-    """`test`: held-out goals; `train`: the first --num-eval-tasks training goals (the training pool is the first
-    --train-pool-size of them), to see how well the policy fits the goals it trains on; `valid`: the training goals
-    after the pool (never trained on), where defaults are chosen"""
+    """`test`: held-out goals; `train`: the training goals (the pool is their start); `valid`: train goals after it"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64
@@ -428,127 +419,103 @@ class ReplayBuffer:
             self.entries.append((j, Trajectory(**{**t, "turns": turns})))
 
 
-# Script plumbing: rollout, training rows, update, evaluation
+# Script plumbing: rollout, training rows, update, evaluation (these read args)
+
+
+@contextmanager
+def timed(metrics: dict, key: str):
+    """Add the seconds spent in the `with` block to metrics[key]."""
+    start = time.perf_counter()
+    yield
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
 
 
 def rollout(
-    model, generator, tokenizer, envs, task_seeds, group_size, *, sampler, iteration, temperature, greedy,
-    history_len, short, by_number, max_prompt_tokens, outcome_scale, autocast,
+    model, generator, envs, task_seeds, group_size, args: Args, *, sampler, iteration, temperature, autocast,
+    greedy=False,
 ) -> tuple[list[Trajectory], dict]:  # fmt: skip
-    """Play len(task_seeds) * group_size episodes in lockstep (group = same seed), one batched generate per turn."""
+    """Play len(task_seeds) * group_size episodes in lockstep (a group: one task seed), one batched generate per turn.
+    Returns the trajectories and {"env_steps", "gen_tokens", "gen_s"}."""
+    tokenizer, short = generator.tokenizer, models.is_tiny(args.model_name)  # the tiny model's short prompt form
+    by_number = cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER if short else None  # it answers products as #k
+    budget = args.max_prompt_tokens
+    if budget is None:
+        budget = 512 if short else 4096  # 512: the tiny model's warm-start budget (tiny_models/build.py)
+    budget = min(budget, (getattr(model.config, "max_position_embeddings", None) or 10**9) - args.max_new_tokens)
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)
     obs, infos = envs.reset(seeds)
-    histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]
-    turns: list[list[Turn]] = [[] for _ in range(n)]
-    active = [True] * n
-    gen_tokens, gen_time = 0, 0.0
+    histories, turns, active = [[] for _ in range(n)], [[] for _ in range(n)], [True] * n
+    stats = {"gen_tokens": 0, "gen_s": 0.0}
     while any(active):
         idx = [i for i in range(n) if active[i]]
         batch_prompts = [
             prompts.encode_prompt(
-                tokenizer,
-                infos[i]["task"],
-                obs[i],
-                histories[i],
-                infos[i]["admissible_actions"],
-                history_len=history_len,
-                short=short,
-                by_number=by_number,
-                max_prompt_tokens=max_prompt_tokens,
-            )  # fmt: skip
-            for i in idx
-        ]
-        t0 = time.perf_counter()
-        with autocast():
-            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
-        gen_time += time.perf_counter() - t0
-        actions: list[str | None] = [None] * n
-        parsed = {}
-        for k, i in enumerate(idx):
-            # The short prompt numbers the admissible actions: an answer "3" is the third of them.
-            action, valid = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
-            # An unparsable response goes to the env verbatim: it answers as the original does (same page).
-            parsed[i] = (action if valid else gens[k].text, valid)
-            actions[i] = parsed[i][0]
-            gen_tokens += len(gens[k].token_ids)
-        next_obs, rewards, dones, next_infos = envs.step(actions)
-        for k, i in enumerate(idx):
-            g = gens[k]
-            if len(g.logprobs) != len(g.token_ids):
-                raise RuntimeError(f"generator returned {len(g.logprobs)} log-probs for {len(g.token_ids)} tokens")
-            turns[i].append(
-                Turn(
-                    prompt_ids=batch_prompts[k],
-                    response_ids=list(g.token_ids),
-                    behaviour_logprobs=list(g.logprobs),
-                    action=parsed[i][0],
-                    valid=parsed[i][1],
-                    anchor_obs=infos[i]["anchor"],
-                    outcome_reward=float(rewards[i]),
-                    process_reward=float(next_infos[i]["process_reward"]),
-                    done=bool(dones[i]),
-                    truncated=bool(next_infos[i].get("truncated", False)),
-                )  # fmt: skip
+                tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
+                history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=budget,
             )
-            histories[i].append((obs[i], parsed[i][0]))
+            for i in idx
+        ]  # fmt: skip
+        with timed(stats, "gen_s"), autocast():
+            gens = generator.generate(model, batch_prompts, temperature=temperature, top_p=1.0, greedy=greedy)
+        stats["gen_tokens"] += sum(len(g.token_ids) for g in gens)
+        parsed = {}  # env -> (the action it receives, whether the response had a parsable action)
+        for k, i in enumerate(idx):
+            # The short prompt numbers the admissible actions ("3": the third); an unparsable response goes to the
+            # env verbatim, which answers it as the original does (the same page).
+            action, valid = prompts.parse_action(gens[k].text, infos[i]["admissible_actions"] if short else None)
+            parsed[i] = (action if valid else gens[k].text, valid)
+        next_obs, rewards, dones, next_infos = envs.step([parsed[i][0] if i in parsed else None for i in range(n)])
+        for k, i in enumerate(idx):
+            g, (action, valid) = gens[k], parsed[i]
+            turns[i].append(Turn(
+                prompt_ids=batch_prompts[k], response_ids=list(g.token_ids), behaviour_logprobs=list(g.logprobs),
+                action=action, valid=valid, anchor_obs=infos[i]["anchor"], outcome_reward=float(rewards[i]),
+                process_reward=float(next_infos[i]["process_reward"]), done=bool(dones[i]),
+                truncated=bool(next_infos[i].get("truncated", False)),
+            ))  # fmt: skip
+            histories[i].append((obs[i], action))
             obs[i], infos[i] = next_obs[i], next_infos[i]
             active[i] = not dones[i]
-    trajectories = []
-    for i in range(n):
-        won = bool(infos[i]["won"])
-        trajectories.append(
-            Trajectory(
-                task_seed=seeds[i],
-                group_id=seeds[i],
-                turns=turns[i],
-                won=won,
-                task_score=float(infos[i].get("task_score", 0.0)),
-                outcome_return=outcome_scale * float(won),
-                process_return=float(sum(t.process_reward for t in turns[i])),
-                sampler=sampler,
-                iteration=iteration,
-            )  # fmt: skip
+    trajectories = [
+        Trajectory(
+            task_seed=seed, group_id=seed, turns=t, won=bool(info["won"]),
+            task_score=float(info.get("task_score", 0.0)), outcome_return=args.outcome_scale * float(bool(info["won"])),
+            process_return=float(sum(u.process_reward for u in t)), sampler=sampler, iteration=iteration,
         )
-    stats = {"env_steps": sum(len(t) for t in turns), "gen_tokens": gen_tokens, "gen_s": gen_time}
-    return trajectories, stats
+        for seed, t, info in zip(seeds, turns, infos)
+    ]  # fmt: skip
+    return trajectories, {"env_steps": sum(len(t) for t in turns), **stats}
 
 
 @dataclass
 class Row:
-    """One training row: a turn's prompt + response with its advantage and how it was sampled."""
+    """One training row: a turn's prompt + response, its advantage, and whether it is a swapped explorer turn."""
 
     input_ids: list[int]
     prompt_len: int
     behaviour_logprobs: list[float]
     advantage: float
-    swapped: bool  # a buffered explorer turn, reward swapped: no KL / entropy term on it
-    off_policy: bool  # sampled by another model than the one being trained: gets importance weights
+    swapped: bool  # a swapped explorer turn in the policy's update: importance-weighted, no KL / entropy term
     iteration: int  # the iteration that sampled it
     turn_index: int = 0  # position of the turn in the batch's list of all turns (indexes the turn advantages)
-    old_logprobs: Optional[torch.Tensor] = None  # [response_len], filled by prepare_rows
-    ref_logprobs: Optional[torch.Tensor] = None
-    is_weights: Optional[torch.Tensor] = None
+    old_logprobs: torch.Tensor | None = None  # [response_len], filled by prepare_rows
+    ref_logprobs: torch.Tensor | None = None
+    is_weights: torch.Tensor | None = None
 
 
-def make_rows(trajectories: list[Trajectory], off_policy: list[bool], turn_offset: int = 0) -> list[Row]:
-    """Training rows of all turns with a response (advantages 0 until set_advantages)."""
+def make_rows(trajectories: list[Trajectory], turn_offset: int = 0) -> list[Row]:
+    """Training rows of all turns with a response (advantages 0 until set_advantages); a swapped trajectory (no
+    process reward left) gives swapped rows, agent B's own rollouts give on-policy rows of its own update."""
     rows, k = [], turn_offset
-    for traj, off in zip(trajectories, off_policy):
+    for traj in trajectories:
         for turn in traj.turns:
             if turn.response_ids:  # an empty response has no token to train on
-                rows.append(
-                    Row(
-                        input_ids=turn.prompt_ids + turn.response_ids,
-                        prompt_len=len(turn.prompt_ids),
-                        behaviour_logprobs=turn.behaviour_logprobs,
-                        advantage=0.0,
-                        swapped=traj.process_return is None,  # its reward was swapped (in agent B's own update: not)
-                        off_policy=off,
-                        iteration=traj.iteration,
-                        turn_index=k,
-                    )  # fmt: skip
-                )
+                rows.append(Row(
+                    input_ids=turn.prompt_ids + turn.response_ids, prompt_len=len(turn.prompt_ids),
+                    behaviour_logprobs=turn.behaviour_logprobs, advantage=0.0, swapped=traj.process_return is None,
+                    iteration=traj.iteration, turn_index=k,
+                ))  # fmt: skip
             k += 1
     return rows
 
@@ -596,39 +563,27 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
             if value is not None:
                 out[key][k, s : n - 1] = torch.as_tensor(value, dtype=torch.float32)
     out["advantages"] = torch.tensor([r.advantage for r in rows]).unsqueeze(1)
-    out["own"] = torch.tensor([not r.swapped for r in rows]).unsqueeze(1)
-    out["off_policy"] = torch.tensor([r.off_policy for r in rows]).unsqueeze(1)
+    out["swapped"] = torch.tensor([r.swapped for r in rows]).unsqueeze(1)
     return {k: v.to(device) for k, v in out.items()}
 
 
 @torch.no_grad()
-def prepare_rows(model, ref_model, rows, *, temperature, is_cap, pad_id, device, micro_batch_tokens, autocast) -> None:
-    """Fill old log-probs (the model before its update), reference log-probs (unless ref_model is None: kept) and
-    truncated IS weights per row."""
-    was_training = model.training
+def prepare_rows(model, ref_model, rows: list[Row], args: Args, pad_id: int, autocast) -> None:
+    """Fill each row's old log-probs (the model before its update), reference log-probs and truncated IS weights."""
+    was_training, device = model.training, next(model.parameters()).device
     model.eval()
     by_length = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))  # less padding
-    for chunk in pack_by_tokens([len(rows[i].input_ids) for i in by_length], micro_batch_tokens, padded=True):
+    for chunk in pack_by_tokens([len(rows[i].input_ids) for i in by_length], args.micro_batch_tokens, padded=True):
         chunk = [by_length[i] for i in chunk]
-        batch = collate([rows[i] for i in chunk], pad_id, device)
+        b = collate([rows[i] for i in chunk], pad_id, device)
+        ids, attention, mask = b["input_ids"], b["attention_mask"], b["response_mask"]
         with autocast():
-            old, _ = token_logprobs(
-                model, batch["input_ids"], batch["attention_mask"], temperature, response_mask=batch["response_mask"]
-            )
-            if ref_model is not None:
-                ref, _ = token_logprobs(
-                    ref_model,
-                    batch["input_ids"],
-                    batch["attention_mask"],
-                    temperature,
-                    response_mask=batch["response_mask"],
-                )
-        w = truncated_importance_weights(old, batch["behaviour"], is_cap, batch["off_policy"])
+            old, _ = token_logprobs(model, ids, attention, args.temperature, response_mask=mask)
+            ref, _ = token_logprobs(ref_model, ids, attention, args.temperature, response_mask=mask)
+        w = truncated_importance_weights(old, b["behaviour"], args.is_cap, b["swapped"])
         for k, i in enumerate(chunk):
-            m = batch["response_mask"][k]
-            rows[i].old_logprobs, rows[i].is_weights = old[k][m].cpu(), w[k][m].cpu()
-            if ref_model is not None:
-                rows[i].ref_logprobs = ref[k][m].cpu()
+            rows[i].old_logprobs, rows[i].ref_logprobs = old[k][mask[k]].cpu(), ref[k][mask[k]].cpu()
+            rows[i].is_weights = w[k][mask[k]].cpu()
     model.train(was_training)
 
 
@@ -645,10 +600,7 @@ def finite_weights(model: torch.nn.Module) -> bool:
     return bool(torch.isfinite(total))
 
 
-def update(
-    model, optimizer, rows, *, epochs, minibatch_tokens, micro_batch_tokens, clip_coef, dual_clip, kl_coef, ent_coef,
-    max_grad_norm, temperature, use_is_weights, pad_id, device, autocast,
-) -> dict[str, float]:  # fmt: skip
+def update(model, optimizer, rows: list[Row], args: Args, epochs: int, pad_id: int, autocast) -> dict[str, float]:
     """GRPO update: epochs x token-budget minibatches (one AdamW step each) x micro-batches (gradient accumulation).
 
     Loss per minibatch = sum(policy token losses) / n_response_tokens
@@ -656,62 +608,51 @@ def update(
     where own tokens are the trained model's own turns (not swapped explorer turns).
     """
     model.train()
+    device = next(model.parameters()).device
     sums = {"policy_loss": 0.0, "kl": 0.0, "entropy": 0.0, "approx_kl": 0.0, "clip": 0.0, "tokens": 0, "own": 0}
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], minibatch_tokens, padded=False):
+        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
             mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
             n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
             n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
-            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], micro_batch_tokens, padded=True):
+            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True):
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask = b["response_mask"]
+                own = (mask & ~b["swapped"]).float()
                 with autocast():
                     logprobs, entropy = token_logprobs(
-                        model,
-                        b["input_ids"],
-                        b["attention_mask"],
-                        temperature,
-                        with_entropy=ent_coef != 0,
-                        response_mask=mask,
-                    )
-                weights = b["w"] if use_is_weights else torch.ones_like(b["w"])
+                        model, b["input_ids"], b["attention_mask"], args.temperature,
+                        with_entropy=args.ent_coef != 0, response_mask=mask,
+                    )  # fmt: skip
+                weights = b["w"] if args.off_policy_correction == "tis" else torch.ones_like(b["w"])
                 pg_sum, n_clipped = policy_loss(
-                    logprobs, b["old"], b["advantages"], mask, weights, clip_coef=clip_coef, dual_clip=dual_clip
+                    logprobs, b["old"], b["advantages"], mask, weights, args.clip_coef, args.dual_clip
                 )
-                own = (mask & b["own"]).float()
                 kl_sum = (kl_k3(logprobs, b["ref"]) * own).sum()
                 ent_sum = (entropy * own).sum() if entropy is not None else torch.zeros((), device=device)
-                loss = pg_sum / n_tokens + kl_coef * kl_sum / n_own - ent_coef * ent_sum / n_own
+                loss = pg_sum / n_tokens + args.kl_coef * kl_sum / n_own - args.ent_coef * ent_sum / n_own
                 if not torch.isfinite(loss):
                     raise NonFiniteLoss(f"loss = {loss.item()}")
                 loss.backward()
                 with torch.no_grad():
                     log_ratio = (logprobs - b["old"])[mask]
                     sums["approx_kl"] += (torch.exp(log_ratio) - 1 - log_ratio).sum().item()
-                sums["policy_loss"] += pg_sum.item()
-                sums["kl"] += kl_sum.item()
-                sums["entropy"] += ent_sum.item()
-                sums["clip"] += n_clipped.item()
+                for key, value in (("policy_loss", pg_sum), ("kl", kl_sum), ("entropy", ent_sum), ("clip", n_clipped)):
+                    sums[key] += value.item()
                 sums["tokens"] += int(mask.sum())
                 sums["own"] += int(own.sum())
                 trained_tokens += int(b["attention_mask"].sum())
-            torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             if not finite_weights(model):
                 raise NonFiniteLoss("an optimiser step made the weights non-finite")
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
-    stats = {
-        "policy_loss": sums["policy_loss"] / n,
-        "kl": sums["kl"] / n_own,
-        "clip_frac": sums["clip"] / n,
-        "approx_kl": sums["approx_kl"] / n,
-        "trained_tokens": trained_tokens,
-        "update_rows": len(rows),
-    }
-    if ent_coef != 0:
+    stats = {"policy_loss": sums["policy_loss"] / n, "kl": sums["kl"] / n_own, "clip_frac": sums["clip"] / n}
+    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=len(rows))
+    if args.ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
     return stats
 
@@ -726,31 +667,27 @@ def grpo_turn_advantages(trajectories, reward, norm_by_std, invalid_penalty) -> 
 
 
 def nonzero_adv_group_share(trajectories: list[Trajectory], advantages: torch.Tensor) -> float:
+    """Share of the groups in which some trajectory has a non-zero advantage (a group that gives a gradient)."""
     groups: dict[int, bool] = {}
     for t, a in zip(trajectories, advantages.tolist()):
         groups[t.group_id] = groups.get(t.group_id, False) or abs(a) > 1e-8
     return sum(groups.values()) / max(1, len(groups))
 
 
-def evaluate(model, generator, tokenizer, make_envs, seeds, *, batch_size, temperature, rollout_kw) -> dict[str, float]:
+def evaluate(model, generator, make_envs, seeds, args: Args, autocast) -> dict[str, float]:
     """Held-out episodes (one per seed): success rate and WebShop score (100 * mean purchase reward), 95% intervals."""
     won, scores = [], []
-    for start in range(0, len(seeds), batch_size):
-        chunk = seeds[start : start + batch_size]
+    for start in range(0, len(seeds), args.eval_batch_size):
+        chunk = seeds[start : start + args.eval_batch_size]
         trajs, _ = rollout(
-            model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, sampler="policy", iteration=-1,
-            temperature=temperature if temperature > 0 else 1.0, greedy=temperature <= 0, **rollout_kw,
+            model, generator, make_envs(len(chunk)), chunk, 1, args, sampler="policy", iteration=-1, autocast=autocast,
+            temperature=args.eval_temperature if args.eval_temperature > 0 else 1.0, greedy=args.eval_temperature <= 0,
         )  # fmt: skip
         won += [float(t.won) for t in trajs]
         scores += [100.0 * t.task_score for t in trajs]
-    success, success_ci = run.mean_ci95(won)
-    score, score_ci = run.mean_ci95(scores)
-    return {
-        "eval/success_rate": success,
-        "eval/success_ci95": success_ci,
-        "eval/score": score,
-        "eval/score_ci95": score_ci,
-    }
+    (success, success_ci), (score, score_ci) = run.mean_ci95(won), run.mean_ci95(scores)
+    return {"eval/success_rate": success, "eval/success_ci95": success_ci, "eval/score": score,
+            "eval/score_ci95": score_ci}  # fmt: skip
 
 
 def explorer_distance_metrics(swapped_rows: list[Row], iteration: int, tokenizer) -> dict[str, float]:
@@ -812,14 +749,12 @@ if __name__ == "__main__":
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
     run.seed_everything(args.seed, args.torch_deterministic)
-
     device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
 
-    def autocast():
-        # bf16 autocast on CUDA; fp32 on the CPU. Same code path on both.
+    def autocast():  # bf16 on CUDA, fp32 on the CPU: one code path
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
 
-    # Models: policy, frozen reference (the initial policy), explorer (swap mode)
+    # The policy, its frozen initial copy (the KL reference) and, in swap mode, the explorer (agent B)
     policy, tokenizer = models.load_model(
         args.model_name, env_name="webshop", preset=args.env_preset, seed=args.tiny_seed, device=device
     )
@@ -830,40 +765,26 @@ if __name__ == "__main__":
     explorer = copy.deepcopy(policy) if swap else None
     explorer_optimizer = torch.optim.AdamW(explorer.parameters(), lr=explorer_lr) if swap else None
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
-    short = models.is_tiny(args.model_name)
-    # the short form writes the actions that the tiny model answers by number (WebShop's products) as #k
-    by_number = cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER if short else None
-    context = getattr(policy.config, "max_position_embeddings", None) or 10**9
-    max_prompt_tokens = args.max_prompt_tokens
-    if max_prompt_tokens is None:
-        max_prompt_tokens = getattr(models, "TINY_CONFIG", {}).get("max_prompt_tokens", 512) if short else 4096
-    max_prompt_tokens = min(max_prompt_tokens, context - args.max_new_tokens)
-    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run; --model-name may
-    # be "tiny" or "smollm2-135m", which are no folders); later weights are pushed into it by the generator.
+    # vLLM starts from a save_pretrained folder of the initial policy (rollout_model/ in the run: --model-name may
+    # be no folder); the generator pushes later weights into it.
     generator = generation.make_generator(
         args.rollout_backend, tokenizer, max_new_tokens=args.max_new_tokens, batch_size=args.generation_batch_size,
         model=policy, engine_dir=logger.dir / "rollout_model",
     )  # fmt: skip
     pad_id = tokenizer.pad_token_id
-    rollout_kw = dict(
-        history_len=args.history_len, short=short, by_number=by_number, max_prompt_tokens=max_prompt_tokens,
-        outcome_scale=args.outcome_scale, autocast=autocast,
-    )  # fmt: skip
-    env_kw = dict(
-        backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps, process_reward=args.process_reward
-    )
-    env_pool: dict[int, cenvs.LockstepEnvs] = {}
 
-    def make_envs(n: int) -> cenvs.LockstepEnvs:
-        if n not in env_pool:
-            env_pool[n] = cenvs.LockstepEnvs("webshop", n, **env_kw)
-        return env_pool[n]
+    @functools.cache
+    def make_envs(n: int) -> cenvs.LockstepEnvs:  # one set of n lockstep envs, made on first use
+        return cenvs.LockstepEnvs(
+            "webshop", n, backend=args.env_backend, preset=args.env_preset, max_steps=args.max_steps,
+            process_reward=args.process_reward,
+        )  # fmt: skip
 
     train_pool, eval_seeds = cenvs.seed_pools(
         "webshop", args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
     )
 
-    # Resume
+    # RESUME: weights, optimisers and RNG states, then the env-step count and the replay buffer
     start_iteration, env_steps = 1, 0
     modules = {"policy": policy, "ref": ref_model, **({"explorer": explorer} if swap else {})}
     optimizers = {"policy": optimizer, **({"explorer": explorer_optimizer} if swap else {})}
@@ -871,190 +792,152 @@ if __name__ == "__main__":
         modules, optimizers = {"policy": policy}, {}
     if args.resume:
         state = logger.load_checkpoint(modules, optimizers)
-        if not state:
-            raise SystemExit(f"--resume {args.resume}: no checkpoint found in that run folder")
-        start_iteration = state["iteration"] + 1
-        env_steps = state["extra"]["env_steps"]
+        loop_state = state["extra"]  # what SAVE stores besides the weights: the env-step count and the buffer
+        start_iteration, env_steps = state["iteration"] + 1, loop_state["env_steps"]
         if not args.eval_only:
-            buffer.load_state_dict(state["extra"]["buffer"])
+            buffer.load_state_dict(loop_state["buffer"])
         print(f"resumed from {args.resume} at iteration {state['iteration']} ({env_steps} env steps)")
 
-    def save(iteration: int):
-        extra = {"env_steps": env_steps, "buffer": buffer.state_dict()}
-        return logger.save_checkpoint(iteration, modules, optimizers, extra=extra)
-
     def run_eval(iteration: int) -> dict[str, float]:
-        metrics = evaluate(
-            policy, generator, tokenizer, make_envs, eval_seeds, batch_size=args.eval_batch_size,
-            temperature=args.eval_temperature, rollout_kw=rollout_kw,
-        )  # fmt: skip
+        metrics = evaluate(policy, generator, make_envs, eval_seeds, args, autocast)
         print(
             f"iter {iteration}: eval success {metrics['eval/success_rate']:.3f} score {metrics['eval/score']:.1f}"
             f" ({len(eval_seeds)} {args.eval_split} goals)"
         )
         return metrics
 
-    if args.eval_only:
+    if args.eval_only or (args.eval_at_start and start_iteration == 1):  # iteration 0: the initial policy
         it = start_iteration - 1
         logger.log({"iteration": it, "env_steps": env_steps, **run_eval(it)}, step=it)
+    if args.eval_only:
         logger.close()
         raise SystemExit(0)
-    if args.eval_at_start and start_iteration == 1:
-        logger.log({"iteration": 0, "env_steps": 0, **run_eval(0)}, step=0)
 
-    update_kw = dict(
-        minibatch_tokens=args.minibatch_tokens, micro_batch_tokens=args.micro_batch_tokens, clip_coef=args.clip_coef,
-        dual_clip=args.dual_clip, kl_coef=args.kl_coef, ent_coef=args.ent_coef, max_grad_norm=args.max_grad_norm,
-        temperature=args.temperature, use_is_weights=args.off_policy_correction == "tis", pad_id=pad_id,
-        device=device, autocast=autocast,
-    )  # fmt: skip
-    prepare_kw = dict(
-        temperature=args.temperature, is_cap=args.is_cap, pad_id=pad_id, device=device,
-        micro_batch_tokens=args.micro_batch_tokens, autocast=autocast,
-    )  # fmt: skip
     policy_reward = "process" if args.reward_mode == "process" else "outcome"
-    iteration = start_iteration - 1
-    for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
-        warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
-        for group in optimizer.param_groups:
-            group["lr"] = args.learning_rate * warmup
-        metrics: dict[str, float] = {"iteration": iteration}
+    try:
+        for iteration in run.progress(range(start_iteration, args.num_iterations + 1), desc="iterations"):
+            warmup = min(1.0, iteration / args.warmup_iterations) if args.warmup_iterations > 0 else 1.0
+            for group in optimizer.param_groups:
+                group["lr"] = args.learning_rate * warmup
+            metrics: dict[str, float] = {"iteration": iteration}
 
-        # ROLLOUT: B tasks x G_on policy rollouts
-        t_rollout = time.perf_counter()
-        task_seeds = random.sample(train_pool, args.tasks_per_iteration)
-        batch, rstats = rollout(
-            policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
-            sampler="policy", iteration=iteration, temperature=args.temperature, greedy=False, **rollout_kw,
-        )  # fmt: skip
-        env_steps += rstats["env_steps"]
-        gen_tokens, gen_s = rstats["gen_tokens"], rstats["gen_s"]
-        rollout_s = time.perf_counter() - t_rollout
-        update_s, trained_tokens = 0.0, 0
-
-        try:
-            # Old and reference log-probs of the policy's turns, before any update (shared by a synced explorer).
-            t0 = time.perf_counter()
-            rows = make_rows(batch, off_policy=[False] * len(batch))
-            prepare_rows(policy, ref_model, rows, **prepare_kw)
-            update_s += time.perf_counter() - t0
-
-            # THE SWAP (RSPO): agent B plays the same tasks and learns the process reward on its own rollouts; its
-            # trajectories, rewards swapped to the outcome, enter the buffer and join their task's group
-            train_trajs = batch
-            if swap:
-                t0 = time.perf_counter()
-                for group in explorer_optimizer.param_groups:
-                    group["lr"] = explorer_lr * warmup
-                if args.explorer == "one_step":  # the comparison: a fresh copy, one step on the policy's batch
-                    explorer.load_state_dict(policy.state_dict())
-                    _, turn_adv = grpo_turn_advantages(batch, "process", args.norm_adv_by_std, args.invalid_penalty)
-                    explorer_rows = [dataclasses.replace(r) for r in rows]  # the copy's old log-probs are the policy's
-                    set_advantages(explorer_rows, turn_adv)
-                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
-                elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
-                    explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
-                update_s += time.perf_counter() - t0
-
-                t0 = time.perf_counter()
-                explorer_trajectories, xstats = rollout(
-                    explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
-                    args.explorer_rollouts_per_task, sampler="explorer", iteration=iteration,
-                    temperature=args.temperature, greedy=False, **rollout_kw,
+            # ROLLOUT: the policy plays B tasks x G_on episodes (its old and reference log-probs are taken now,
+            # before any update); in swap mode agent B then plays the same tasks, G_off episodes each
+            task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+            with timed(metrics, "perf/rollout_s"):
+                batch, policy_gen = rollout(
+                    policy, generator, make_envs(args.num_policy_rollouts), task_seeds, args.group_size, args,
+                    sampler="policy", iteration=iteration, temperature=args.temperature, autocast=autocast,
                 )  # fmt: skip
-                env_steps += xstats["env_steps"]
-                gen_tokens, gen_s = gen_tokens + xstats["gen_tokens"], gen_s + xstats["gen_s"]
-                rollout_s += time.perf_counter() - t0
-                metrics["explorer/env_steps"] = xstats["env_steps"]
+            with timed(metrics, "perf/update_s"):
+                rows = make_rows(batch)
+                prepare_rows(policy, ref_model, rows, args, pad_id, autocast)
+            env_steps += policy_gen["env_steps"]
+            gen_stats, train_trajectories = [policy_gen], batch
+            if swap:
+                with timed(metrics, "perf/update_s"):
+                    for group in explorer_optimizer.param_groups:
+                        group["lr"] = explorer_lr * warmup
+                    if args.explorer == "one_step":  # the comparison: a fresh copy given one step on the policy's batch
+                        explorer.load_state_dict(policy.state_dict())
+                        _, turn_adv = grpo_turn_advantages(batch, "process", args.norm_adv_by_std, args.invalid_penalty)
+                        explorer_rows = [dataclasses.replace(r) for r in rows]  # its old log-probs are the policy's
+                        set_advantages(explorer_rows, turn_adv)
+                        explorer_stats = update(
+                            explorer, explorer_optimizer, explorer_rows, args, explorer_epochs, pad_id, autocast
+                        )
+                    elif args.explorer_sync_every > 0 and (iteration - 1) % args.explorer_sync_every == 0:
+                        explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
+                with timed(metrics, "perf/rollout_s"):
+                    explorer_trajectories, explorer_gen = rollout(
+                        explorer, generator, make_envs(args.num_explorer_rollouts), task_seeds,
+                        args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
+                        temperature=args.temperature, autocast=autocast,
+                    )  # fmt: skip
+                env_steps += explorer_gen["env_steps"]
+                gen_stats.append(explorer_gen)
 
-                if args.explorer == "agent_b":  # GRPO on the process reward, on-policy for agent B: its own groups
-                    t0 = time.perf_counter()
-                    explorer_rows = make_rows(explorer_trajectories, off_policy=[False] * len(explorer_trajectories))
-                    prepare_rows(explorer, ref_model, explorer_rows, **prepare_kw)
-                    _, turn_adv = grpo_turn_advantages(
-                        explorer_trajectories, "process", args.norm_adv_by_std, args.invalid_penalty
-                    )
-                    set_advantages(explorer_rows, turn_adv)
-                    estats = update(explorer, explorer_optimizer, explorer_rows, epochs=explorer_epochs, **update_kw)
-                    update_s += time.perf_counter() - t0
-                trained_tokens += estats["trained_tokens"]
-                metrics.update({f"explorer/{k}": v for k, v in estats.items() if k != "trained_tokens"})
-                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
-                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                # THE SWAP (RSPO): agent B's trajectories, their rewards swapped to the outcome, enter the buffer;
+                # the buffered ones of this iteration's tasks join their task's group in the policy's batch
                 buffer.add(swap_rewards(explorer_trajectories), iteration)
                 buffered = buffer.sample(task_seeds, iteration)
-                train_trajs = batch + buffered
-                metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(buffered)
-
-                t0 = time.perf_counter()
-                n_batch_turns = sum(len(t.turns) for t in batch)
-                swapped_rows = make_rows(buffered, off_policy=[True] * len(buffered), turn_offset=n_batch_turns)
-                prepare_rows(policy, ref_model, swapped_rows, **prepare_kw)
+                train_trajectories = batch + buffered
+                with timed(metrics, "perf/update_s"):
+                    swapped_rows = make_rows(buffered, turn_offset=sum(len(t.turns) for t in batch))
+                    prepare_rows(policy, ref_model, swapped_rows, args, pad_id, autocast)
                 rows += swapped_rows
-                update_s += time.perf_counter() - t0
-                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
 
-            # ADVANTAGES: GRPO over each task's group (swapped trajectories are members), broadcast to turns
-            t0 = time.perf_counter()
-            adv_policy_only, _ = grpo_turn_advantages(batch, policy_reward, args.norm_adv_by_std, 0.0)
-            adv, turn_adv = grpo_turn_advantages(train_trajs, policy_reward, args.norm_adv_by_std, args.invalid_penalty)
-            set_advantages(rows, turn_adv)
-            metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
+            with timed(metrics, "perf/update_s"):
+                # ADVANTAGES: GRPO over each task's group (swapped trajectories are members), broadcast to its turns
+                adv, turn_adv = grpo_turn_advantages(
+                    train_trajectories, policy_reward, args.norm_adv_by_std, args.invalid_penalty
+                )
+                set_advantages(rows, turn_adv)
+
+                # UPDATE: agent B on its own rollouts with the process reward (on-policy for it: its own groups and
+                # old log-probs), then the policy on the outcome reward (the process reward in --reward-mode process)
+                if swap and args.explorer == "agent_b":
+                    explorer_rows = make_rows(explorer_trajectories)
+                    prepare_rows(explorer, ref_model, explorer_rows, args, pad_id, autocast)
+                    _, explorer_adv = grpo_turn_advantages(
+                        explorer_trajectories, "process", args.norm_adv_by_std, args.invalid_penalty
+                    )
+                    set_advantages(explorer_rows, explorer_adv)
+                    explorer_stats = update(
+                        explorer, explorer_optimizer, explorer_rows, args, explorer_epochs, pad_id, autocast
+                    )
+                policy_stats = update(policy, optimizer, rows, args, args.update_epochs, pad_id, autocast)
+
+            # LOG: the training curve is the policy's own rollouts; explorer/, buffer/, is_weight/: agent B and the swap
+            trained_tokens = policy_stats["trained_tokens"] + (explorer_stats["trained_tokens"] if swap else 0)
+            gen_tokens, gen_s = sum(s["gen_tokens"] for s in gen_stats), sum(s["gen_s"] for s in gen_stats)
+            outcome, process = [t.outcome_return for t in batch], [t.process_return for t in batch]
+            adv_before_swap, _ = grpo_turn_advantages(batch, policy_reward, args.norm_adv_by_std, 0.0)
+            metrics.update(
+                {
+                    "env_steps": env_steps,
+                    "train/success_rate": float(np.mean([float(t.won) for t in batch])),
+                    "train/outcome_return": float(np.mean(outcome)),
+                    "train/process_return": float(np.mean(process)),
+                    "train/score": 100.0 * float(np.mean([t.task_score for t in batch])),
+                    "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
+                    "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
+                    "train/nonzero_adv_groups_before_swap": nonzero_adv_group_share(batch, adv_before_swap),
+                    **{f"losses/{k}": v for k, v in policy_stats.items() if k not in ("trained_tokens", "update_rows")},
+                    "charts/learning_rate": optimizer.param_groups[0]["lr"],
+                    "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
+                    "perf/train_tokens_per_s": trained_tokens / max(metrics["perf/update_s"], 1e-9),
+                }
+            )
+            if (corr := pearson(process, outcome)) is not None:
+                metrics["train/process_outcome_corr"] = corr
             if swap:
-                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajs, adv)
+                metrics.update({f"explorer/{k}": v for k, v in explorer_stats.items() if k != "trained_tokens"})
+                metrics["explorer/env_steps"] = explorer_gen["env_steps"]
+                metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
+                metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
+                metrics["buffer/size"], metrics["buffer/sampled"] = len(buffer), len(buffered)
+                metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajectories, adv)
+                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
+            last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
+            if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
+                metrics.update(run_eval(iteration))
+            logger.log(metrics, step=iteration)
+            print(
+                f"iter {iteration}: env_steps {env_steps} train success {metrics['train/success_rate']:.3f} "
+                f"rollout {metrics['perf/rollout_s']:.1f}s update {metrics['perf/update_s']:.1f}s"
+            )
 
-            # UPDATE: the policy on the outcome reward (process reward in --reward-mode process)
-            pstats = update(policy, optimizer, rows, epochs=args.update_epochs, **update_kw)
-            update_s += time.perf_counter() - t0
-            trained_tokens += pstats["trained_tokens"]
-        except NonFiniteLoss as err:
-            # Nothing is saved: the weights (and in swap mode the explorer and the buffer) hold the failed iteration.
-            path = logger.checkpoint_dir / run.CHECKPOINT_NAME
-            kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
-            raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
-
-        # LOGGING (training curve from the policy's own rollouts only)
-        won = [float(t.won) for t in batch]
-        outcome = [t.outcome_return for t in batch]
-        process = [t.process_return for t in batch]
-        metrics.update(
-            {
-                "env_steps": env_steps,
-                "train/success_rate": float(np.mean(won)),
-                "train/outcome_return": float(np.mean(outcome)),
-                "train/process_return": float(np.mean(process)),
-                "train/score": 100.0 * float(np.mean([t.task_score for t in batch])),
-                "train/episode_length": float(np.mean([len(t.turns) for t in batch])),
-                "train/invalid_turn_rate": float(np.mean([not u.valid for t in batch for u in t.turns])),
-                "losses/policy_loss": pstats["policy_loss"],
-                "losses/kl": pstats["kl"],
-                "losses/clip_frac": pstats["clip_frac"],
-                "losses/approx_kl": pstats["approx_kl"],
-                "charts/learning_rate": optimizer.param_groups[0]["lr"],
-                "perf/rollout_s": rollout_s,
-                "perf/update_s": update_s,
-                "perf/gen_tokens_per_s": gen_tokens / max(gen_s, 1e-9),
-                "perf/train_tokens_per_s": trained_tokens / max(update_s, 1e-9),
-            }
-        )
-        if "entropy" in pstats:
-            metrics["losses/entropy"] = pstats["entropy"]
-        corr = pearson(process, outcome)
-        if corr is not None:
-            metrics["train/process_outcome_corr"] = corr
-        last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
-        if last or (args.eval_every > 0 and iteration % args.eval_every == 0):
-            metrics.update(run_eval(iteration))
-        logger.log(metrics, step=iteration)
-        print(
-            f"iter {iteration}: env_steps {env_steps} train success {metrics['train/success_rate']:.3f} "
-            f"rollout {rollout_s:.1f}s update {update_s:.1f}s"
-        )
-        if last or iteration % args.checkpoint_every == 0:
-            save(iteration)
-        if last:
-            break
+            # SAVE: the weights, optimisers and RNG states, with what else a resumed run continues from
+            if last or iteration % args.checkpoint_every == 0:
+                loop_state = {"env_steps": env_steps, "buffer": buffer.state_dict()}
+                logger.save_checkpoint(iteration, modules, optimizers, extra=loop_state)
+            if last:
+                break
+    except NonFiniteLoss as err:  # nothing is saved: the weights (and the explorer, the buffer) hold the failed step
+        path = logger.checkpoint_dir / run.CHECKPOINT_NAME
+        kept = f"the last good checkpoint is kept: {path}" if path.is_file() else "no checkpoint was written"
+        raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
         policy.save_pretrained(logger.dir / "model")

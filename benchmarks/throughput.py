@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import copy
 import cProfile
-import inspect
 import io
 import json
 import math
@@ -137,12 +136,8 @@ def forward_flops(
 
 
 def training_rows(trajs: list, turn_adv: torch.Tensor) -> list:
-    """The script's training rows with their turn advantages (make_rows + set_advantages, or the older make_rows
-    that took the advantages itself)."""
-    off_policy = [False] * len(trajs)
-    if "turn_advantages" in inspect.signature(grpo.make_rows).parameters:
-        return grpo.make_rows(trajs, turn_adv, off_policy=off_policy)
-    rows = grpo.make_rows(trajs, off_policy)
+    """The script's training rows with their turn advantages (make_rows + set_advantages)."""
+    rows = grpo.make_rows(trajs)
     grpo.set_advantages(rows, turn_adv)
     return rows
 
@@ -187,9 +182,15 @@ class Bench:
         self.n_mm = matmul_weights(self.policy)
         head = self.policy.get_output_embeddings()
         self.n_head = head.in_features * head.out_features
-        self.max_prompt_tokens = min(
-            tiny_build.TINY_CONFIG["max_prompt_tokens"], cfg.max_position_embeddings - args.max_new_tokens
-        )
+        # The script's settings (its rollout, prepare_rows and update read them from its Args); the prompts are the
+        # tiny model's short form whatever --model-name is, as the script writes them for the tiny model.
+        self.script_args = grpo.Args(
+            model_name="tiny", max_prompt_tokens=tiny_build.TINY_CONFIG["max_prompt_tokens"],
+            history_len=args.history_len, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            outcome_scale=10.0, is_cap=2.0, minibatch_tokens=args.minibatch_tokens,
+            micro_batch_tokens=args.micro_batch_tokens, clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001,
+            max_grad_norm=1.0, off_policy_correction="tis",
+        )  # fmt: skip
         self.train_seeds = cenvs.split_seeds("webshop", "train", 4 * max(1, args.envs // args.group_size) * 4)
         self.initial_state = {k: v.clone() for k, v in self.policy.state_dict().items()}
 
@@ -215,11 +216,8 @@ class Bench:
             envs.env_s = 0.0
             t0 = time.perf_counter()
             trajs, stats = grpo.rollout(
-                self.policy, self.generator, self.tokenizer, envs, task_seeds, group_size, sampler="policy",
-                iteration=1, temperature=self.args.temperature, greedy=False, history_len=self.args.history_len,
-                short=True, by_number=cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER,
-                max_prompt_tokens=self.max_prompt_tokens,
-                outcome_scale=10.0, autocast=nullcontext,
+                self.policy, self.generator, envs, task_seeds, group_size, self.script_args, sampler="policy",
+                iteration=1, temperature=self.args.temperature, autocast=nullcontext,
             )  # fmt: skip
             stats = dict(stats, wall_s=time.perf_counter() - t0, env_s=envs.env_s)
             first = first or trajs
@@ -234,17 +232,9 @@ class Bench:
         rows = training_rows(trajs, turn_adv)
         pad_id = self.tokenizer.pad_token_id
         t0, c0 = time.perf_counter(), time.process_time()
-        grpo.prepare_rows(
-            self.policy, self.ref, rows, temperature=a.temperature, is_cap=2.0, pad_id=pad_id, device=self.device,
-            micro_batch_tokens=a.micro_batch_tokens, autocast=nullcontext,
-        )  # fmt: skip
+        grpo.prepare_rows(self.policy, self.ref, rows, self.script_args, pad_id, nullcontext)
         t1 = time.perf_counter()
-        stats = grpo.update(
-            self.policy, self.optimizer, rows, epochs=a.update_epochs, minibatch_tokens=a.minibatch_tokens,
-            micro_batch_tokens=a.micro_batch_tokens, clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001,
-            max_grad_norm=1.0, temperature=a.temperature, use_is_weights=True, pad_id=pad_id, device=self.device,
-            autocast=nullcontext,
-        )  # fmt: skip
+        stats = grpo.update(self.policy, self.optimizer, rows, self.script_args, a.update_epochs, pad_id, nullcontext)
         t2, c2 = time.perf_counter(), time.process_time()
         lengths = [len(r.input_ids) for r in rows]
         # the script applies the LM head at response positions only; the full-logits experiment at all of them

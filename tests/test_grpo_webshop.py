@@ -164,7 +164,7 @@ def test_explorer_process_rewards_never_reach_the_policy_update():
         buffer.add(g.swap_rewards(explorer), iteration=1)
         batch = policy + buffer.sample([1, 2], iteration=1)
         _, turn_adv = g.grpo_turn_advantages(batch, "outcome", True, 0.1)
-        rows = g.make_rows(batch, off_policy=[t.sampler == "explorer" for t in batch])
+        rows = g.make_rows(batch)
         g.set_advantages(rows, turn_adv)
         return rows
 
@@ -211,7 +211,7 @@ def _rows(n=5):
     for i in range(n):
         p, r = 3 + i % 3, 2 + i % 2
         ids = torch.randint(1, 40, (p + r,), generator=gen).tolist()
-        rows.append(g.Row(ids, p, [-3.0] * r, advantage=float(i - 2), swapped=i == 4, off_policy=i == 4, iteration=1))
+        rows.append(g.Row(ids, p, [-3.0] * r, advantage=float(i - 2), swapped=i == 4, iteration=1))
     return rows
 
 
@@ -222,14 +222,14 @@ def test_update_is_the_same_under_gradient_accumulation(small_lm, use_is):
     for micro in (10_000, 1):
         model, ref = small_lm(), small_lm(1)
         rows = _rows()
-        kw = dict(temperature=1.0, is_cap=2.0, pad_id=0, device=torch.device("cpu"), autocast=g.nullcontext)
-        g.prepare_rows(model, ref, rows, micro_batch_tokens=micro, **kw)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        stats = g.update(
-            model, opt, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=micro, clip_coef=0.2, dual_clip=3.0,
-            kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9, temperature=1.0, use_is_weights=use_is, pad_id=0,
-            device=torch.device("cpu"), autocast=g.nullcontext,
+        args = g.Args(
+            temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=micro, clip_coef=0.2,
+            dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_grad_norm=1e9,
+            off_policy_correction="tis" if use_is else "none",
         )  # fmt: skip
+        g.prepare_rows(model, ref, rows, args, pad_id=0, autocast=g.nullcontext)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        stats = g.update(model, opt, rows, args, epochs=1, pad_id=0, autocast=g.nullcontext)
         results.append((torch.cat([p.detach().flatten() for p in model.parameters()]), stats, rows))
     (p1, s1, rows1), (p2, s2, _) = results
     torch.testing.assert_close(p1, p2, atol=1e-6, rtol=1e-5)
@@ -245,16 +245,15 @@ def test_zero_advantages_leave_only_kl_and_entropy(small_lm):
     rows = _rows()
     for r in rows:
         r.advantage = 0.0
-    kw = dict(temperature=1.0, is_cap=2.0, pad_id=0, device=torch.device("cpu"), autocast=g.nullcontext)
-    g.prepare_rows(model, ref, rows, micro_batch_tokens=10_000, **kw)
+    args = g.Args(
+        temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, clip_coef=0.2, dual_clip=3.0,
+        kl_coef=0.01, ent_coef=0.0, max_grad_norm=1.0, off_policy_correction="tis",
+    )  # fmt: skip
+    g.prepare_rows(model, ref, rows, args, pad_id=0, autocast=g.nullcontext)
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     # ref == model (KL gradient 0 at ratio 1), no entropy: zero advantages must leave the weights unchanged
-    g.update(
-        model, opt, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=10_000, clip_coef=0.2, dual_clip=3.0,
-        kl_coef=0.01, ent_coef=0.0, max_grad_norm=1.0, temperature=1.0, use_is_weights=True, pad_id=0,
-        device=torch.device("cpu"), autocast=g.nullcontext,
-    )  # fmt: skip
+    g.update(model, opt, rows, args, epochs=1, pad_id=0, autocast=g.nullcontext)
     for a, b in zip(before, model.parameters()):
         torch.testing.assert_close(a, b.detach(), atol=1e-7, rtol=0)
 

@@ -21,37 +21,21 @@ LOSS_KW = dict(clip_coef=0.2, dual_clip=3.0, kl_coef=0.01, ent_coef=0.001, max_g
 
 
 def _group_script(module, autocast):
-    """make_row, prepare and update of the GRPO script (one advantage per row)."""
-
-    def make_row(response, behaviour, advantage, swapped):
-        return module.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, swapped, iteration=1)
-
-    def prepare(model, ref, rows):
-        module.prepare_rows(model, ref, rows, is_cap=2.0, micro_batch_tokens=10_000, **KW, autocast=autocast)
-
-    def update(model, optimizer, rows):
-        module.update(model, optimizer, rows, epochs=1, minibatch_tokens=10_000, micro_batch_tokens=10_000,
-                      **LOSS_KW, **KW, autocast=autocast)  # fmt: skip
-
-    return make_row, prepare, update
-
-
-def _gigpo_script(autocast):
-    """make_row, prepare_rows and update of the GiGPO script (LOSS_KW and KW given as its Args)."""
-    g = rspo_gigpo
-    args = g.Args(
+    """make_row, prepare_rows and update of the GRPO and GiGPO scripts (one advantage per row; LOSS_KW and KW given
+    as the script's Args)."""
+    args = module.Args(
         temperature=1.0, is_cap=2.0, minibatch_tokens=10_000, micro_batch_tokens=10_000, clip_coef=0.2, dual_clip=3.0,
         kl_coef=0.01, ent_coef=0.001, max_grad_norm=1.0, off_policy_correction="tis",
     )  # fmt: skip
 
     def make_row(response, behaviour, advantage, swapped):
-        return g.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, iteration=1)
+        return module.Row(PROMPT + response, len(PROMPT), behaviour, advantage, swapped, iteration=1)
 
     def prepare(model, ref, rows):
-        g.prepare_rows(model, ref, rows, args, pad_id=KW["pad_id"], autocast=autocast)
+        module.prepare_rows(model, ref, rows, args, pad_id=KW["pad_id"], autocast=autocast)
 
     def update(model, optimizer, rows):
-        g.update(model, optimizer, rows, args, epochs=1, pad_id=KW["pad_id"], autocast=autocast)
+        module.update(model, optimizer, rows, args, epochs=1, pad_id=KW["pad_id"], autocast=autocast)
 
     return make_row, prepare, update
 
@@ -89,12 +73,7 @@ def test_repeated_updates_make_positive_advantage_responses_likelier(small_lm, s
     model = small_lm(pad_token_id=0, eos_token_id=1)
     ref = copy.deepcopy(model)
     autocast = AUTOCAST[precision]
-    if script == "gigpo":
-        make_row, prepare, update = _gigpo_script(autocast)
-    elif script == "ppo":
-        make_row, prepare, update = _ppo_script(model, autocast)
-    else:
-        make_row, prepare, update = _group_script(module, autocast)
+    make_row, prepare, update = _ppo_script(model, autocast) if script == "ppo" else _group_script(module, autocast)
 
     def response_logprobs(response) -> list[float]:
         ids = torch.tensor([PROMPT + response])
