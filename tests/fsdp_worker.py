@@ -1,12 +1,22 @@
-"""Run by tests/test_distributed.py under `torchrun --nproc_per_node 2` (gloo, CPU): each rank checks the helpers of
-common/distributed.py against the single-process answer and writes what it found to OUT/rank{r}.json.
+"""Run by tests/test_distributed.py. Under `torchrun --nproc_per_node 2` (gloo, CPU) each rank checks the helpers of
+common/distributed.py against the single-process answer and writes what it found to OUT/rank{r}.json; it then feeds
+each script's update the batch that one process wrote (see below) and records the advantages, losses and weights
+of its 2-rank update in OUT/{script}_rank{r}.pt.
 
-usage: python -m torch.distributed.run --nproc_per_node 2 tests/fsdp_worker.py OUT
+Without torchrun (one process) it plays a small batch with each script's rollout (the real tiny model and env) and
+runs the script's update on all of it: OUT/{script}_single.pt holds the trajectories, the advantages, the losses
+and the weights after the update.
+
+usage: python tests/fsdp_worker.py OUT                                        (one process, first)
+       python -m torch.distributed.run --nproc_per_node 2 tests/fsdp_worker.py OUT
 """
 
 import argparse
+import contextlib
 import copy
+import importlib
 import json
+import os
 import pathlib
 import random
 import sys
@@ -16,6 +26,7 @@ import torch
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from common import distributed, envs, generation, models, run  # noqa: E402
+from common import envs as cenvs  # noqa: E402
 
 
 def response_token_losses(model, rows: list[tuple[list[int], int]]) -> tuple[torch.Tensor, int]:
@@ -40,6 +51,101 @@ def full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Each script's update on one batch: 3 tasks x 2 rollouts trained on the process reward (the tiny model's outcome
+# is mostly 0, which would give all-zero advantages), 2 epochs of one minibatch, micro-batches of ~600 tokens (so
+# that ranks run different numbers of them and pad). On 2 ranks each plays its tasks' trajectories.
+SCRIPTS = {"grpo": "rspo_grpo_webshop.py", "gigpo": "rspo_gigpo.py", "ppo": "rspo_ppo_alfworld.py"}
+ENV = {"grpo": "webshop", "gigpo": "webshop", "ppo": "alfworld"}
+TASKS = [0, 1, 2]
+
+
+def load_script(name: str):
+    return importlib.import_module(SCRIPTS[name].removesuffix(".py"))  # the repository root is on sys.path
+
+
+def script_args(name: str, module):
+    extra = {"env": "webshop", "norm_adv_by_std": True, "eval_split": "test"} if name == "gigpo" else {}
+    return module.Args(
+        reward_mode="process", max_steps=6, max_new_tokens=32, minibatch_tokens=10**6, micro_batch_tokens=600, update_epochs=2,
+        learning_rate=1e-3, **extra,
+    )  # fmt: skip
+
+
+def play(name: str, module, args, policy, tokenizer) -> list:
+    """The batch: len(TASKS) tasks x 2 rollouts of the policy (unsharded, one process)."""
+    generator = generation.HFGenerator(tokenizer, max_new_tokens=args.max_new_tokens)
+    envs = cenvs.LockstepEnvs(ENV[name], 2 * len(TASKS), preset="small", max_steps=args.max_steps)
+    kw = dict(sampler="policy", iteration=1, temperature=1.0, autocast=contextlib.nullcontext)
+    if name == "grpo":
+        return module.rollout(policy, generator, envs, TASKS, 2, args, **kw)[0]
+    if name == "gigpo":
+        return module.rollout(policy, generator, tokenizer, envs, TASKS, 2, args, **kw)[0]
+    return module.rollout(policy, generator, tokenizer, envs, TASKS, 2, args, metrics={}, **kw)
+
+
+def train(name: str, module, args, trajectories, policy, tokenizer) -> dict:
+    """The script's own steps from a batch to the updated policy: rows, old and reference log-probs, advantages,
+    the update. Returns the turn advantages (per trajectory), the update's statistics and the full weights."""
+    ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = models.build_critic(policy) if name == "ppo" else None
+    distributed.shard(policy, ref_model, critic)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
+    kw = dict(pad_id=tokenizer.pad_token_id, autocast=contextlib.nullcontext)
+    if name == "ppo":
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_learning_rate)
+        adv, ret, old_v = module.ppo_advantages(trajectories, critic, "process", args, **kw)
+        rows = module.make_rows(trajectories, adv, ret, old_v)
+        module.prepare_rows(policy, ref_model, rows, args, **kw)
+        stats = module.update(policy, optimizer, critic, critic_optimizer, rows, args, epochs=args.update_epochs, **kw)
+        turn_adv = [[a.tolist() for a in traj] for traj in adv]
+    else:
+        rows = module.make_rows(trajectories)
+        module.prepare_rows(policy, ref_model, rows, args, **kw)
+        if name == "grpo":
+            _, flat = module.grpo_turn_advantages(trajectories, "process", args.norm_adv_by_std, args.invalid_penalty)
+            module.set_advantages(rows, flat)
+            stats = module.update(policy, optimizer, rows, args, args.update_epochs, **kw)
+        else:
+            _, flat, _ = module.gigpo_turn_advantages(
+                trajectories, "process", outcome_scale=args.outcome_scale, gamma=args.gamma,
+                step_weight=args.step_adv_weight, norm_by_std=args.norm_adv_by_std,
+                similarity_thresh=args.similarity_thresh, invalid_penalty=args.invalid_penalty,
+            )  # fmt: skip
+            module.set_advantages(rows, flat)
+            stats = module.update(policy, optimizer, rows, args, epochs=args.update_epochs, **kw)
+        chunks = iter(flat.tolist())
+        turn_adv = [[next(chunks) for _ in t.turns] for t in trajectories]
+    weights = {k: full(p.detach()).clone() for k, p in policy.named_parameters()}
+    if critic is not None:
+        weights.update({f"critic.{k}": full(p.detach()).clone() for k, p in critic.named_parameters()})
+    return {"turn_advantages": turn_adv, "stats": stats, "weights": weights}
+
+
+def scripts_single(out_dir: pathlib.Path) -> None:
+    for name in SCRIPTS:
+        module = load_script(name)
+        args = script_args(name, module)
+        policy, tokenizer = models.load_model("tiny", env_name=ENV[name])
+        torch.manual_seed(0)
+        trajectories = play(name, module, args, policy, tokenizer)
+        initial = {k: p.detach().clone() for k, p in policy.named_parameters()}
+        result = train(name, module, args, trajectories, policy, tokenizer)
+        torch.save({"trajectories": trajectories, "initial": initial, **result}, out_dir / f"{name}_single.pt")
+
+
+def scripts_distributed(out_dir: pathlib.Path) -> None:
+    for name in SCRIPTS:
+        module = load_script(name)
+        args = script_args(name, module)
+        single = torch.load(out_dir / f"{name}_single.pt", weights_only=False)
+        mine = distributed.split(TASKS)
+        index = [i for i, t in enumerate(single["trajectories"]) if t.task_seed in mine]
+        policy, tokenizer = models.load_model("tiny", env_name=ENV[name])
+        result = train(name, module, args, [single["trajectories"][i] for i in index], policy, tokenizer)
+        torch.save({"index": index, **result}, out_dir / f"{name}_rank{distributed.rank()}.pt")
+
+
 def main(out_dir: pathlib.Path) -> None:
     distributed.init(torch.device("cpu"))
     rank, world = distributed.rank(), distributed.world_size()
@@ -57,6 +163,17 @@ def main(out_dir: pathlib.Path) -> None:
     report["sum_number"] = distributed.sum_all(rank + 1)
     report["steps"] = distributed.steps(list(range(rank + 1)))
     report["token_divisor"] = distributed.token_divisor([5, 9][rank])
+    report["across_ranks"] = distributed.across_ranks(
+        lambda x: x - x.mean(), torch.tensor([1.0, 2.0][: rank + 1])
+    ).tolist()
+    checks = []
+    for tasks, backend in ((1, "hf"), (2, "vllm"), (2, "hf")):
+        try:
+            distributed.check(tasks, backend)
+            checks.append("ok")
+        except run.BadInput as e:
+            checks.append(str(e))
+    report["check"] = checks
 
     # A token-mean loss over the global minibatch: 4 rows of different lengths, 3 on rank 0 (in 2 micro-batches)
     # and 1 on rank 1 (1 micro-batch, then a padding step); one clipped AdamW step. The reference: the same
@@ -155,8 +272,12 @@ def main(out_dir: pathlib.Path) -> None:
     resumed.close()
 
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    scripts_distributed(out_dir)
     distributed.close()
 
 
 if __name__ == "__main__":
-    main(pathlib.Path(sys.argv[1]))
+    if "WORLD_SIZE" in os.environ:
+        main(pathlib.Path(sys.argv[1]))
+    else:
+        scripts_single(pathlib.Path(sys.argv[1]))
