@@ -796,9 +796,8 @@ def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pa
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             # gradient accumulation does not depend on the order of the micro-batches: group similar lengths
-            for chunk in distributed.steps(
-                length_sorted_chunks([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens)
-            ):
+            micro_batches = length_sorted_chunks([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens)
+            for chunk in distributed.steps(micro_batches):
                 if chunk is None:
                     distributed.zero_backward(model)
                     if n_values > 0:
