@@ -331,15 +331,6 @@ def sum_all(x):
     return rebuild(shape)
 
 
-def mean_all(value: float, weight: float) -> float:
-    """The mean over the ranks of each rank's `value` weighted by its `weight` (e.g. a share of this rank's groups,
-    weighted by their number). One process: value."""
-    if not active():
-        return value
-    total = sum_all({"sum": float(value) * weight, "weight": float(weight)})
-    return total["sum"] / max(total["weight"], 1e-12)
-
-
 def token_divisor(n: int) -> float:
     """The divisor of a rank's summed token losses for a token-mean over the global minibatch: with the sum N of
     every rank's n, max(1, N) / world size, because FSDP averages the ranks' gradients (so the step follows
