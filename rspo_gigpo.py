@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import tyro
 
+from common import distributed, generation, models, prompts, run
 from common import envs as cenvs
-from common import generation, models, prompts, run
 
 
 @dataclass
@@ -578,6 +578,7 @@ class ReplayBuffer:
 # Script plumbing: rollout, GiGPO advantages of a batch, training rows, update, evaluation (these may read args)
 
 
+@distributed.full_weights  # torchrun: the full weights on every rank while it generates (no collectives)
 def rollout(
     model, generator, tokenizer, envs, task_seeds, group_size: int, args: Args, *, sampler: str, iteration: int,
     temperature: float, autocast,
@@ -759,6 +760,7 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
 
 
 @torch.no_grad()
+@distributed.full_weights
 def prepare_rows(model, ref_model, rows: list[Row], args: Args, *, pad_id: int, autocast) -> None:
     """Fill each row's old log-probs (`model` before its update) and reference log-probs ([response_len], at the
     sampling temperature) and its truncated importance weights min(pi_old / pi_behaviour, is_cap) (1 if own)."""
@@ -788,9 +790,7 @@ class NonFiniteLoss(RuntimeError):
 def finite_weights(model: torch.nn.Module) -> bool:
     """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
     rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
-    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
-    for p in model.parameters():
-        total += p.detach().float().square().sum()
+    total = torch.stack([p.detach().float().square().sum() for p in model.parameters()]).sum()  # FSDP: all shards
     return bool(torch.isfinite(total))
 
 
@@ -804,12 +804,18 @@ def update(model, optimizer, rows: list[Row], args: Args, *, epochs: int, pad_id
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
-            mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
-            n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
-            n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
+        # torchrun: every rank steps as often (None: a padding step) and the token means are over all ranks' tokens
+        minibatches = pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False)
+        for minibatch in distributed.steps(minibatches):
+            mb_rows = sorted((rows[order[i]] for i in minibatch or []), key=lambda r: len(r.input_ids))  # less padding
+            n_tokens = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows))
+            n_own = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
-            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True):
+            micro_batches = pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True)
+            for chunk in distributed.steps(micro_batches):
+                if chunk is None:
+                    distributed.zero_backward(model)
+                    continue
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask = b["response_mask"]
                 with autocast():
@@ -840,17 +846,19 @@ def update(model, optimizer, rows: list[Row], args: Args, *, epochs: int, pad_id
             optimizer.step()
             if not finite_weights(model):
                 raise NonFiniteLoss("an optimiser step made the weights non-finite")
+    sums, trained_tokens, n_rows = distributed.sum_all((sums, trained_tokens, len(rows)))  # torchrun: all ranks'
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {"policy_loss": sums["policy_loss"] / n, "kl": sums["kl"] / n_own, "clip_frac": sums["clip"] / n}
-    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=len(rows))
+    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=n_rows)
     if args.ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
     return stats
 
 
+@distributed.full_weights
 def evaluate(model, generator, tokenizer, make_envs, seeds: list[int], args: Args, *, autocast) -> dict[str, float]:
     """Held-out episodes (one per seed): success rate (and WebShop score, 100 * mean purchase reward), 95% CIs."""
-    won, scores = [], []
+    won, scores, seeds = [], [], distributed.split(seeds)  # torchrun: each rank plays its share of the seeds
     for start in range(0, len(seeds), args.eval_batch_size):
         chunk = seeds[start : start + args.eval_batch_size]
         trajectories, _ = rollout(
@@ -859,6 +867,7 @@ def evaluate(model, generator, tokenizer, make_envs, seeds: list[int], args: Arg
         )  # fmt: skip
         won += [float(t.won) for t in trajectories]
         scores += [100.0 * t.task_score for t in trajectories]
+    won, scores = distributed.gather(won), distributed.gather(scores)
     metrics = dict(zip(("eval/success_rate", "eval/success_ci95"), run.mean_ci95(won)))
     if args.env == "webshop":
         metrics["eval/score"], metrics["eval/score_ci95"] = run.mean_ci95(scores)
@@ -920,6 +929,8 @@ def timed(metrics: dict, key: str):
 
 if __name__ == "__main__":
     args = tyro.cli(Args, args=bool_flag_pair(sys.argv[1:], "norm-adv-by-std"))
+    # torchrun: join the process group; each rank takes its GPU (or the CPU with gloo)
+    device = distributed.init(torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu"))
     # Per-benchmark defaults (GiGPO's settings: ALFWorld mean/std normalisation, WebShop mean-only). ALFWorld's step
     # limit is 50; the embedded small preset's expert needs at most 10 steps, so 15 there (CPU time).
     if args.max_steps is None:
@@ -956,11 +967,11 @@ if __name__ == "__main__":
         models.check_model_name(args.model_name)
         models.check_lora(args.lora_rank, args.rollout_backend)
         cenvs.check_backend(args.env, args.env_backend)
+        distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
-    run.seed_everything(args.seed, args.torch_deterministic)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    run.seed_everything(args.seed + distributed.rank(), args.torch_deterministic)  # torchrun: each rank samples its own
 
     def autocast():  # bf16 autocast on CUDA, fp32 on the CPU: one code path on both
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -976,6 +987,7 @@ if __name__ == "__main__":
     else:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
         explorer = copy.deepcopy(policy) if swap else None
+    distributed.shard(policy, ref_model, explorer)  # torchrun: FSDP2, before the optimisers (they step the shards)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
     explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
     explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
@@ -1049,10 +1061,11 @@ if __name__ == "__main__":
 
             # ROLLOUT: the policy plays B tasks x G_on, then (swap mode) the explorer the same tasks x G_off
             with timed(metrics, "perf/rollout_s"):
-                task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+                task_seeds = distributed.split(random.sample(train_pool, args.tasks_per_iteration))  # torchrun: a share
                 batch, stats = rollout(
-                    policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
-                    args, sampler="policy", iteration=iteration, temperature=args.temperature, autocast=autocast,
+                    policy, generator, tokenizer, make_envs(len(task_seeds) * args.group_size), task_seeds,
+                    args.group_size, args, sampler="policy", iteration=iteration, temperature=args.temperature,
+                    autocast=autocast,
                 )  # fmt: skip
             rollout_stats = [stats]
             with timed(metrics, "perf/update_s"):
@@ -1068,11 +1081,12 @@ if __name__ == "__main__":
             if swap:
                 with timed(metrics, "perf/rollout_s"):
                     explorer_trajectories, stats = rollout(
-                        explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
-                        args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
+                        explorer, generator, tokenizer, make_envs(len(task_seeds) * args.explorer_rollouts_per_task),
+                        task_seeds, args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
                         temperature=args.temperature, autocast=autocast,
                     )  # fmt: skip
                 rollout_stats.append(stats)
+            rollout_stats = distributed.sum_all(rollout_stats)  # torchrun: all ranks' counts (and seconds)
             env_steps += sum(s["env_steps"] for s in rollout_stats)
 
             # THE SWAP (RSPO): the explorer's trajectories, rewards swapped to the outcome, enter the buffer; the
@@ -1103,6 +1117,12 @@ if __name__ == "__main__":
                 policy_stats = train(policy, optimizer, rows, args.update_epochs)
 
             # LOG: the training curve comes from the policy's own rollouts only
+            if distributed.active():  # torchrun: every rank's rollouts (each task's group is whole on one rank)
+                batch, buffered = distributed.gather(batch), distributed.gather(buffered)
+                explorer_trajectories = distributed.gather(explorer_trajectories) if swap else []
+                swapped_rows = distributed.gather(swapped_rows) if swap else []
+                adv_policy_only, _, _ = advantages(batch, policy_reward)
+                adv, _, gigpo_stats = advantages(batch + buffered, policy_reward)
             trained_tokens = policy_stats.pop("trained_tokens")
             if swap:
                 trained_tokens += explorer_stats.pop("trained_tokens")
@@ -1110,7 +1130,7 @@ if __name__ == "__main__":
                 metrics.update({f"explorer/{k}": v for k, v in explorer_stats.items()})
                 metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
                 metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
-                metrics["buffer/size"], metrics["buffer/sampled"] = len(buffer), len(buffered)
+                metrics["buffer/size"], metrics["buffer/sampled"] = distributed.sum_all(len(buffer)), len(buffered)
                 metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
                 metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(batch + buffered, adv)
             metrics["train/nonzero_adv_groups_before_swap"] = nonzero_adv_group_share(batch, adv_policy_only)
@@ -1159,6 +1179,5 @@ if __name__ == "__main__":
         raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
-        policy.save_pretrained(logger.dir / "model")
-        tokenizer.save_pretrained(logger.dir / "model")
+        distributed.save_pretrained(logger.dir / "model", policy, tokenizer)  # torchrun: rank 0, the full weights
     logger.close()

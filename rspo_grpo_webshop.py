@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import tyro
 
+from common import distributed, generation, models, prompts, run
 from common import envs as cenvs
-from common import generation, models, prompts, run
 
 
 @dataclass
@@ -434,6 +434,7 @@ def timed(metrics: dict, key: str):
     metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
 
 
+@distributed.full_weights  # torchrun: the full weights on every rank while it generates (no collectives)
 def rollout(
     model, generator, envs, task_seeds, group_size, args: Args, *, sampler, iteration, temperature, autocast,
     greedy=False,
@@ -572,6 +573,7 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
 
 
 @torch.no_grad()
+@distributed.full_weights
 def prepare_rows(model, ref_model, rows: list[Row], args: Args, pad_id: int, autocast) -> None:
     """Fill each row's old log-probs (the model before its update), reference log-probs and truncated IS weights."""
     was_training, device = model.training, next(model.parameters()).device
@@ -598,9 +600,7 @@ class NonFiniteLoss(RuntimeError):
 def finite_weights(model: torch.nn.Module) -> bool:
     """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
     rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
-    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
-    for p in model.parameters():
-        total += p.detach().float().square().sum()
+    total = torch.stack([p.detach().float().square().sum() for p in model.parameters()]).sum()  # FSDP: all shards
     return bool(torch.isfinite(total))
 
 
@@ -617,12 +617,18 @@ def update(model, optimizer, rows: list[Row], args: Args, epochs: int, pad_id: i
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
-            mb_rows = sorted((rows[order[i]] for i in minibatch), key=lambda r: len(r.input_ids))  # less padding
-            n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
-            n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
+        # torchrun: every rank steps as often (None: a padding step) and the token means are over all ranks' tokens
+        minibatches = pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False)
+        for minibatch in distributed.steps(minibatches):
+            mb_rows = sorted((rows[order[i]] for i in minibatch or []), key=lambda r: len(r.input_ids))  # less padding
+            n_tokens = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows))
+            n_own = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
-            for chunk in pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True):
+            micro_batches = pack_by_tokens([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens, padded=True)
+            for chunk in distributed.steps(micro_batches):
+                if chunk is None:
+                    distributed.zero_backward(model)
+                    continue
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask = b["response_mask"]
                 own = (mask & ~b["swapped"]).float()
@@ -653,9 +659,10 @@ def update(model, optimizer, rows: list[Row], args: Args, epochs: int, pad_id: i
             optimizer.step()
             if not finite_weights(model):
                 raise NonFiniteLoss("an optimiser step made the weights non-finite")
+    sums, trained_tokens, n_rows = distributed.sum_all((sums, trained_tokens, len(rows)))  # torchrun: all ranks'
     n, n_own = max(1, sums["tokens"]), max(1, sums["own"])
     stats = {"policy_loss": sums["policy_loss"] / n, "kl": sums["kl"] / n_own, "clip_frac": sums["clip"] / n}
-    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=len(rows))
+    stats.update(approx_kl=sums["approx_kl"] / n, trained_tokens=trained_tokens, update_rows=n_rows)
     if args.ent_coef != 0:
         stats["entropy"] = sums["entropy"] / n_own
     return stats
@@ -678,9 +685,10 @@ def nonzero_adv_group_share(trajectories: list[Trajectory], advantages: torch.Te
     return sum(groups.values()) / max(1, len(groups))
 
 
+@distributed.full_weights
 def evaluate(model, generator, make_envs, seeds, args: Args, autocast) -> dict[str, float]:
     """Held-out episodes (one per seed): success rate and WebShop score (100 * mean purchase reward), 95% intervals."""
-    won, scores = [], []
+    won, scores, seeds = [], [], distributed.split(seeds)  # torchrun: each rank plays its share of the seeds
     for start in range(0, len(seeds), args.eval_batch_size):
         chunk = seeds[start : start + args.eval_batch_size]
         trajs, _ = rollout(
@@ -689,6 +697,7 @@ def evaluate(model, generator, make_envs, seeds, args: Args, autocast) -> dict[s
         )  # fmt: skip
         won += [float(t.won) for t in trajs]
         scores += [100.0 * t.task_score for t in trajs]
+    won, scores = distributed.gather(won), distributed.gather(scores)
     (success, success_ci), (score, score_ci) = run.mean_ci95(won), run.mean_ci95(scores)
     return {"eval/success_rate": success, "eval/success_ci95": success_ci, "eval/score": score,
             "eval/score_ci95": score_ci}  # fmt: skip
@@ -727,6 +736,8 @@ def pearson(x: list[float], y: list[float]) -> float | None:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    # torchrun: join the process group; each rank takes its GPU (or the CPU with gloo)
+    device = distributed.init(torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu"))
     swap = args.reward_mode == "swap"
     args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
@@ -750,11 +761,11 @@ if __name__ == "__main__":
         models.check_model_name(args.model_name)
         models.check_lora(args.lora_rank, args.rollout_backend)
         cenvs.check_backend("webshop", args.env_backend)
+        distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
-    run.seed_everything(args.seed, args.torch_deterministic)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    run.seed_everything(args.seed + distributed.rank(), args.torch_deterministic)  # torchrun: each rank samples its own
 
     def autocast():  # bf16 on CUDA, fp32 on the CPU: one code path
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -770,6 +781,7 @@ if __name__ == "__main__":
     else:
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
         explorer = copy.deepcopy(policy) if swap else None
+    distributed.shard(policy, ref_model, explorer)  # torchrun: FSDP2, before the optimisers (they step the shards)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
     explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate
     explorer_epochs = args.explorer_update_epochs if args.explorer_update_epochs is not None else args.update_epochs
@@ -833,15 +845,16 @@ if __name__ == "__main__":
 
             # ROLLOUT: the policy plays B tasks x G_on episodes (its old and reference log-probs are taken now,
             # before any update); in swap mode agent B then plays the same tasks, G_off episodes each
-            task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+            task_seeds = distributed.split(random.sample(train_pool, args.tasks_per_iteration))  # torchrun: a share
             with timed(metrics, "perf/rollout_s"):
                 batch, policy_gen = rollout(
-                    policy, generator, make_envs(args.num_policy_rollouts), task_seeds, args.group_size, args,
+                    policy, generator, make_envs(len(task_seeds) * args.group_size), task_seeds, args.group_size, args,
                     sampler="policy", iteration=iteration, temperature=args.temperature, autocast=autocast,
                 )  # fmt: skip
             with timed(metrics, "perf/update_s"):
                 rows = make_rows(batch)
                 prepare_rows(policy, ref_model, rows, args, pad_id, autocast)
+            policy_gen = distributed.sum_all(policy_gen)  # torchrun: all ranks' steps (tokens, seconds)
             env_steps += policy_gen["env_steps"]
             gen_stats, train_trajectories = [policy_gen], batch
             if swap:
@@ -860,10 +873,11 @@ if __name__ == "__main__":
                         explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
                 with timed(metrics, "perf/rollout_s"):
                     explorer_trajectories, explorer_gen = rollout(
-                        explorer, generator, make_envs(args.num_explorer_rollouts), task_seeds,
+                        explorer, generator, make_envs(len(task_seeds) * args.explorer_rollouts_per_task), task_seeds,
                         args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
                         temperature=args.temperature, autocast=autocast,
                     )  # fmt: skip
+                explorer_gen = distributed.sum_all(explorer_gen)
                 env_steps += explorer_gen["env_steps"]
                 gen_stats.append(explorer_gen)
 
@@ -899,6 +913,15 @@ if __name__ == "__main__":
                 policy_stats = update(policy, optimizer, rows, args, args.update_epochs, pad_id, autocast)
 
             # LOG: the training curve is the policy's own rollouts; explorer/, buffer/, is_weight/: agent B and the swap
+            if distributed.active():  # torchrun: every rank's rollouts (each task's group is whole on one rank)
+                batch, buffered = distributed.gather(batch), distributed.gather(buffered if swap else [])
+                train_trajectories = batch + buffered
+                adv, _ = grpo_turn_advantages(
+                    train_trajectories, policy_reward, args.norm_adv_by_std, args.invalid_penalty
+                )
+                if swap:
+                    explorer_trajectories = distributed.gather(explorer_trajectories)
+                    swapped_rows = distributed.gather(swapped_rows)
             trained_tokens = policy_stats["trained_tokens"] + (explorer_stats["trained_tokens"] if swap else 0)
             gen_tokens, gen_s = sum(s["gen_tokens"] for s in gen_stats), sum(s["gen_s"] for s in gen_stats)
             outcome, process = [t.outcome_return for t in batch], [t.process_return for t in batch]
@@ -926,7 +949,7 @@ if __name__ == "__main__":
                 metrics["explorer/env_steps"] = explorer_gen["env_steps"]
                 metrics["explorer/success_rate"] = float(np.mean([t.won for t in explorer_trajectories]))
                 metrics["explorer/process_return"] = float(np.mean([t.process_return for t in explorer_trajectories]))
-                metrics["buffer/size"], metrics["buffer/sampled"] = len(buffer), len(buffered)
+                metrics["buffer/size"], metrics["buffer/sampled"] = distributed.sum_all(len(buffer)), len(buffered)
                 metrics["train/nonzero_adv_groups_after_swap"] = nonzero_adv_group_share(train_trajectories, adv)
                 metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
             last = iteration == args.num_iterations or 0 < args.total_env_steps <= env_steps
@@ -950,6 +973,5 @@ if __name__ == "__main__":
         raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
-        policy.save_pretrained(logger.dir / "model")
-        tokenizer.save_pretrained(logger.dir / "model")
+        distributed.save_pretrained(logger.dir / "model", policy, tokenizer)  # torchrun: rank 0, the full weights
     logger.close()

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import tyro
 
+from common import distributed, generation, models, prompts, run
 from common import envs as cenvs
-from common import generation, models, prompts, run
 
 
 @dataclass
@@ -526,6 +526,7 @@ def timed(metrics: dict, key: str):
     metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
 
 
+@distributed.full_weights  # torchrun: the full weights on every rank while it generates (no collectives)
 def rollout(
     model, generator, tokenizer, envs, task_seeds, group_size, args, *, sampler, iteration, temperature, metrics,
     autocast,
@@ -624,6 +625,7 @@ def right_pad(seqs: list[list[int]], pad_id: int, device: torch.device) -> tuple
 
 
 @torch.no_grad()
+@distributed.full_weights
 def critic_values(critic, seqs, prompt_lens, args, *, per_token: bool, pad_id: int, autocast) -> list[torch.Tensor]:
     """Critic values of each sequence (prompt + response, the response may be empty): [1] at the last prompt
     token, or with per_token [len(seq) - prompt_len] before every response token (entry 0 = last prompt token)."""
@@ -675,8 +677,9 @@ def ppo_advantages(
         ret.append(list(rt.split(1)))
         old_v.append(list(v.split(1)))
 
-    if args.norm_adv:
-        chunks = iter(whiten(torch.cat([a for traj in adv for a in traj])).split([len(a) for tr in adv for a in tr]))
+    if args.norm_adv:  # torchrun: over every rank's tokens
+        flat = distributed.across_ranks(whiten, torch.cat([a for traj in adv for a in traj]))
+        chunks = iter(flat.split([len(a) for tr in adv for a in tr]))
         adv = [[next(chunks) for _ in traj] for traj in adv]
     for t, a_traj in zip(trajectories, adv):
         for k, turn in enumerate(t.turns):
@@ -741,6 +744,7 @@ def collate(rows: list[Row], pad_id: int, device: torch.device) -> dict[str, tor
 
 
 @torch.no_grad()
+@distributed.full_weights
 def prepare_rows(model, ref_model, rows: list[Row], args, *, pad_id: int, autocast) -> None:
     """Fill each row's old log-probs (the model before its update), reference log-probs and truncated IS weights."""
     was_training = model.training
@@ -767,9 +771,7 @@ class NonFiniteLoss(RuntimeError):
 def finite_weights(model: torch.nn.Module) -> bool:
     """True when the sum of the squared weights is finite in float32, i.e. every |w| is below ~1.8e19: a learning
     rate that blows up gives weights whose next forward pass overflows even while they are finite themselves."""
-    total = torch.zeros((), dtype=torch.float32, device=next(model.parameters()).device)
-    for p in model.parameters():
-        total += p.detach().float().square().sum()
+    total = torch.stack([p.detach().float().square().sum() for p in model.parameters()]).sum()  # FSDP: all shards
     return bool(torch.isfinite(total))
 
 
@@ -788,15 +790,23 @@ def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pa
     trained_tokens = 0
     for _ in range(epochs):
         order = torch.randperm(len(rows)).tolist()
-        for minibatch in pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False):
-            mb_rows = [rows[order[i]] for i in minibatch]
-            n_tokens = sum(len(r.input_ids) - r.prompt_len for r in mb_rows)
-            n_own = max(1, sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
-            n_values = sum(len(r.returns) for r in mb_rows if not r.swapped)
+        # torchrun: every rank steps as often (None: a padding step) and the token means are over all ranks' tokens
+        minibatches = pack_by_tokens([len(rows[i].input_ids) for i in order], args.minibatch_tokens, padded=False)
+        for minibatch in distributed.steps(minibatches):
+            mb_rows = [rows[order[i]] for i in minibatch or []]
+            n_tokens = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows))
+            n_own = distributed.token_divisor(sum(len(r.input_ids) - r.prompt_len for r in mb_rows if not r.swapped))
+            n_values = distributed.sum_all(sum(len(r.returns) for r in mb_rows if not r.swapped))
             optimizer.zero_grad(set_to_none=True)
             critic_optimizer.zero_grad(set_to_none=True)
             # gradient accumulation does not depend on the order of the micro-batches: group similar lengths
-            for chunk in length_sorted_chunks([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens):
+            micro_batches = length_sorted_chunks([len(r.input_ids) for r in mb_rows], args.micro_batch_tokens)
+            for chunk in distributed.steps(micro_batches):
+                if chunk is None:
+                    distributed.zero_backward(model)
+                    if n_values > 0:
+                        distributed.zero_backward(critic)
+                    continue
                 b = collate([mb_rows[i] for i in chunk], pad_id, device)
                 mask, own_row = b["response_mask"], ~b["swapped"].squeeze(1)  # [b, T-1] and [b]
                 with autocast():
@@ -825,9 +835,11 @@ def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pa
                     ).sum()
                     if not torch.isfinite(vf_sum):
                         raise NonFiniteLoss(f"value loss = {vf_sum.item()}")
-                    (vf_sum / n_values).backward()
+                    (vf_sum / n_values * distributed.world_size()).backward()  # FSDP averages over the ranks
                     sums["value_loss"] += vf_sum.item()
                     sums["values"] += int(vm.sum())
+                elif n_values > 0:
+                    distributed.zero_backward(critic)  # torchrun: no own row here, another rank's critic steps
                 with torch.no_grad():
                     log_ratio = (logprobs - b["old"])[mask]
                     approx_kl = (torch.exp(log_ratio) - 1 - log_ratio).sum()
@@ -843,10 +855,11 @@ def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pa
             for name, m in (("policy", model), ("critic", critic)):
                 if not finite_weights(m):
                     raise NonFiniteLoss(f"an optimiser step made the {name}'s weights non-finite")
+    sums, trained_tokens, n_rows = distributed.sum_all((sums, trained_tokens, len(rows)))  # torchrun: all ranks'
     n = max(1, sums["tokens"])
     stats = {
         "policy_loss": sums["policy_loss"] / n, "clip_frac": sums["clip"] / n, "approx_kl": sums["approx_kl"] / n,
-        "trained_tokens": trained_tokens, "update_rows": len(rows),
+        "trained_tokens": trained_tokens, "update_rows": n_rows,
     }  # fmt: skip
     if sums["own"]:
         stats["kl"] = sums["kl"] / sums["own"]
@@ -854,23 +867,26 @@ def update(model, optimizer, critic, critic_optimizer, rows, args, *, epochs, pa
             stats["entropy"] = sums["entropy"] / sums["own"]
     if sums["values"]:
         stats["value_loss"] = sums["value_loss"] / sums["values"]
-    own_rows = [r for r in rows if not r.swapped]
+    own_rows = distributed.gather([(r.old_values, r.returns) for r in rows if not r.swapped])  # torchrun: all ranks'
     if own_rows:
-        ev = explained_variance(torch.cat([r.old_values for r in own_rows]), torch.cat([r.returns for r in own_rows]))
+        ev = explained_variance(torch.cat([v for v, _ in own_rows]), torch.cat([ret for _, ret in own_rows]))
         if ev is not None:
             stats["explained_variance"] = ev
     return stats
 
 
+@distributed.full_weights
 def evaluate(model, generator, tokenizer, make_envs, seeds, args, iteration, *, autocast) -> dict[str, float]:
     """Held-out episodes (one per seed) at --eval-temperature: success rate with its 95% interval, and per task type."""
     trajs: list[Trajectory] = []
+    seeds = distributed.split(seeds)  # torchrun: each rank plays its share of the seeds
     for start in range(0, len(seeds), args.eval_batch_size):
         chunk = seeds[start : start + args.eval_batch_size]
         trajs += rollout(
             model, generator, tokenizer, make_envs(len(chunk)), chunk, 1, args, sampler="policy", iteration=-1,
             temperature=args.eval_temperature, metrics={}, autocast=autocast,
         )  # fmt: skip
+    trajs = distributed.gather(trajs)
     success, success_ci = run.mean_ci95([float(t.won) for t in trajs])
     metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
     for task_type in sorted({t.task_type for t in trajs if t.task_type}):
@@ -922,6 +938,8 @@ def pearson(x: list[float], y: list[float]) -> float | None:
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
+    # torchrun: join the process group; each rank takes its GPU (or the CPU with gloo)
+    device = distributed.init(torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu"))
     swap = args.reward_mode == "swap"
     args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0
@@ -946,11 +964,11 @@ if __name__ == "__main__":
             models.check_model_name(args.critic_model_name, flag="--critic-model-name")
         models.check_lora(args.lora_rank, args.rollout_backend, args.critic_model_name)
         cenvs.check_backend("alfworld", args.env_backend)
+        distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)
     except run.BadInput as err:
         raise SystemExit(str(err)) from None
-    run.seed_everything(args.seed, args.torch_deterministic)
-    device = torch.device("cuda" if args.cuda and torch.cuda.is_available() else "cpu")
+    run.seed_everything(args.seed + distributed.rank(), args.torch_deterministic)  # torchrun: each rank samples its own
 
     def autocast():  # bf16 autocast on CUDA, fp32 on the CPU: the same code path on both
         return torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else nullcontext()
@@ -979,6 +997,7 @@ if __name__ == "__main__":
         modules.update(explorer=explorer, explorer_critic=explorer_critic)
         base_lr["explorer"] = fallback(args.explorer_learning_rate, args.learning_rate)
         base_lr["explorer_critic"] = fallback(args.explorer_critic_learning_rate, args.critic_learning_rate)
+    distributed.shard(*modules.values())  # torchrun: FSDP2, before the optimisers (they step the shards)
     optimizers = {k: torch.optim.AdamW(modules[k].parameters(), lr=lr) for k, lr in base_lr.items()}
     explorer_epochs = fallback(args.explorer_update_epochs, args.update_epochs)
     buffer = ReplayBuffer(args.buffer_capacity, args.buffer_max_age)
@@ -1043,14 +1062,14 @@ if __name__ == "__main__":
             metrics: dict[str, float] = {"iteration": iteration}
 
             # ROLLOUT: B tasks x G_on policy rollouts; in swap mode agent B then plays the same tasks G_off times
-            task_seeds = random.sample(train_pool, args.tasks_per_iteration)
+            task_seeds = distributed.split(random.sample(train_pool, args.tasks_per_iteration))  # torchrun: a share
             with timed(metrics, "perf/rollout_s"):
                 batch = rollout(
-                    policy, generator, tokenizer, make_envs(args.num_policy_rollouts), task_seeds, args.group_size,
-                    args, sampler="policy", iteration=iteration, temperature=args.temperature, metrics=metrics,
-                    autocast=autocast,
+                    policy, generator, tokenizer, make_envs(len(task_seeds) * args.group_size), task_seeds,
+                    args.group_size, args, sampler="policy", iteration=iteration, temperature=args.temperature,
+                    metrics=metrics, autocast=autocast,
                 )  # fmt: skip
-            env_steps += sum(len(t.turns) for t in batch)
+            env_steps += distributed.sum_all(sum(len(t.turns) for t in batch))
             train_trajectories, one_step_rows = batch, []
             if swap:
                 with timed(metrics, "perf/update_s"):
@@ -1061,19 +1080,19 @@ if __name__ == "__main__":
                         explorer.load_state_dict(policy.state_dict())  # back within reach of the importance weights
                 with timed(metrics, "perf/rollout_s"):
                     explorer_trajectories = rollout(
-                        explorer, generator, tokenizer, make_envs(args.num_explorer_rollouts), task_seeds,
-                        args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
+                        explorer, generator, tokenizer, make_envs(len(task_seeds) * args.explorer_rollouts_per_task),
+                        task_seeds, args.explorer_rollouts_per_task, args, sampler="explorer", iteration=iteration,
                         temperature=args.temperature, metrics=metrics, autocast=autocast,
                     )  # fmt: skip
-                metrics["explorer/env_steps"] = sum(len(t.turns) for t in explorer_trajectories)
+                metrics["explorer/env_steps"] = distributed.sum_all(sum(len(t.turns) for t in explorer_trajectories))
                 env_steps += metrics["explorer/env_steps"]
 
                 # THE SWAP: agent B's trajectories keep only their outcome reward; the buffered ones of this
                 # iteration's tasks join the policy's batch
                 buffer.add(swap_rewards(explorer_trajectories), iteration)
                 train_trajectories = batch + buffer.sample(task_seeds, iteration, args.buffer_extra_other_tasks)
-                metrics["buffer/size"] = len(buffer)
-                metrics["buffer/sampled"] = len(train_trajectories) - len(batch)
+                metrics["buffer/size"] = distributed.sum_all(len(buffer))
+                metrics["buffer/sampled"] = distributed.sum_all(len(train_trajectories) - len(batch))
 
             with timed(metrics, "perf/update_s"):
                 # ADVANTAGES: turn-level GAE with the POLICY's critic, for its own and the swapped turns alike
@@ -1093,13 +1112,19 @@ if __name__ == "__main__":
                     row.old_logprobs, row.ref_logprobs = shared.old_logprobs, shared.ref_logprobs
                     row.is_weights = torch.ones_like(shared.old_logprobs)
                 prepare_rows(policy, ref_model, rows[len(one_step_rows) :], args, pad_id=pad_id, autocast=autocast)
-                metrics.update(explorer_distance_metrics([r for r in rows if r.swapped], iteration, tokenizer))
+                swapped_rows = distributed.gather([r for r in rows if r.swapped])  # torchrun: all ranks'
+                metrics.update(explorer_distance_metrics(swapped_rows, iteration, tokenizer))
                 policy_stats = update(
                     policy, optimizers["policy"], critic, optimizers["critic"], rows, args, epochs=args.update_epochs,
                     pad_id=pad_id, autocast=autocast,
                 )  # fmt: skip
 
             # LOG: the training curve is the policy's own rollouts
+            if distributed.active():  # torchrun: every rank's rollouts and tasks
+                batch, train_trajectories, task_seeds = (
+                    distributed.gather(x) for x in (batch, train_trajectories, task_seeds)
+                )
+                explorer_trajectories = distributed.gather(explorer_trajectories) if swap else []
             outcome, process = [t.outcome_return for t in batch], [t.process_return for t in batch]
             trained_tokens = policy_stats["trained_tokens"] + (explorer_stats["trained_tokens"] if swap else 0)
             metrics.update(
@@ -1146,7 +1171,6 @@ if __name__ == "__main__":
         raise SystemExit(f"training diverged at iteration {iteration} ({err}); {kept}") from None
 
     if args.save_model:
-        policy.save_pretrained(logger.dir / "model")
-        tokenizer.save_pretrained(logger.dir / "model")
-        torch.save(critic.state_dict(), logger.dir / "critic.pt")
+        distributed.save_pretrained(logger.dir / "model", policy, tokenizer)  # torchrun: rank 0, the full weights
+        distributed.save_state_dict(critic, logger.dir / "critic.pt")
     logger.close()

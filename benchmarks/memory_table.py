@@ -15,7 +15,7 @@ closed-form count of the same architecture is printed beside it as a check. What
   explorer and the reference (the base without adapters); rank-r adapters on every linear layer of the decoder
   (q, k, v, o, gate, up, down; not the LM head), one set each for the policy and the explorer, trained in fp32
   (16 bytes per adapter parameter); PPO adds one adapter set and a value head per critic on the same base.
-  LoRA runs roll out with HF generate (--rollout-backend hf): the vLLM column does not apply to them.
+  LoRA runs in one process with HF generate: of its table, only N=1 applies, without the vLLM column.
 - N ranks (FSDP, planned): weights, gradients and optimizer states are sharded evenly, so each rank holds 1/N.
 - the vLLM engine, colocated on each rank: its own bf16 copy of the weights (2 bytes per parameter of the policy,
   not sharded); on top of it the engine's KV cache, which the scripts size as a share of the GPU

@@ -162,6 +162,9 @@ class HFGenerator:
                 attention_mask=attention_mask,
                 generation_config=config,
                 stopping_criteria=StoppingCriteriaList([stopper]),
+                # Under torchrun, transformers would otherwise make every rank decode until all ranks are done
+                # (one all-reduce per step): ranks generate for different numbers of prompts and turns.
+                synced_gpus=False,
             )
         finally:
             model.generation_config = saved_config

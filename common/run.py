@@ -5,6 +5,8 @@ Layout of one run:
     runs/{run_name}/config.json          vars(args) + git commit + command line + start time (+ resumes)
     runs/{run_name}/metrics.jsonl        one JSON object per logged iteration
     runs/{run_name}/checkpoints/latest.pt  modules, optimisers, RNG states, iteration, extra
+    runs/{run_name}/checkpoints/latest.dcp/  the same under torchrun (N > 1 processes): torch.distributed.checkpoint
+                                         shards of the modules and optimisers, and each rank's rank{r}.pt
     runs/{run_name}/learning_curve.png   written by Run.close()
     runs/{run_name}/wandb/               with --track (offline runs keep all their files here)
 """
@@ -29,7 +31,10 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from common import distributed
+
 CHECKPOINT_NAME = "latest.pt"
+DCP_CHECKPOINT_NAME = "latest.dcp"  # a folder: the checkpoint of a run of several processes (torchrun)
 _REPO_DIR = pathlib.Path(__file__).resolve().parents[1]
 # Flags that may differ from the run's config.json on --resume: a run may be extended, and where and whether it is
 # also recorded (wandb) does not change the experiment. Every other flag must be the run's own.
@@ -318,9 +323,14 @@ def find_checkpoint(path: str | os.PathLike) -> pathlib.Path:
     p = pathlib.Path(path).expanduser()
     if not p.exists():
         raise MissingCheckpoint(f"--resume {path}: no checkpoint found: there is no such run folder or file")
+    if _is_dcp(p):
+        return p.resolve()
     candidates = [p] if p.is_file() else [p / "checkpoints" / CHECKPOINT_NAME, p / CHECKPOINT_NAME]
     for c in candidates:
         if c.is_file():
+            return c.resolve()
+    for c in (p / "checkpoints" / DCP_CHECKPOINT_NAME, p / DCP_CHECKPOINT_NAME):
+        if _is_dcp(c):
             return c.resolve()
     if (p / "config.json").is_file():
         raise MissingCheckpoint(
@@ -333,10 +343,27 @@ def find_checkpoint(path: str | os.PathLike) -> pathlib.Path:
     )
 
 
+def _is_dcp(path: pathlib.Path) -> bool:
+    return path.is_dir() and (path / ".metadata").is_file()
+
+
 def read_checkpoint(path: str | os.PathLike) -> dict:
     """The state saved by Run.save_checkpoint, read onto the CPU; BadInput naming the file when it cannot be read
     (truncated by a full disk or an interrupted copy, or not a checkpoint). Checkpoints are pickles: read only
-    files you trust."""
+    files you trust. A DCP folder (a run of several processes) gives this rank's state, without the modules and
+    optimisers (their shards load in Run.load_checkpoint); BadInput unless this run has the same number of
+    processes as the one that wrote it."""
+    n = distributed.world_size()
+    if _is_dcp(pathlib.Path(path)):
+        state = distributed.read_rank_state(path)
+        if state.get("world_size") != n:
+            raise BadInput(
+                f"--resume: {path} was written by {state.get('world_size')} processes and this run has {n}: "
+                f"resume with torchrun --nproc_per_node {state.get('world_size')}"
+            )
+        return {**state, "modules": {}, "optimizers": {}}
+    if n > 1:
+        raise BadInput(f"--resume: {path} was written by one process: resume it without torchrun")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # torch.load raises many types on a damaged file (zip, pickle, EOF, ...)
@@ -394,8 +421,9 @@ class Run:
             self._check_resumed_flags()
         if self.resuming:
             self.dir = _run_dir_of(self.resume_checkpoint)
-        else:
-            self.dir = self._fresh_dir(pathlib.Path(runs_dir), run_name)
+        else:  # rank 0 makes the folder (under torchrun the others write into it: checkpoint shards only)
+            self.dir = self._fresh_dir(pathlib.Path(runs_dir), run_name) if distributed.is_main() else None
+            self.dir = distributed.from_main(self.dir)
         self.run_name = self.dir.name
         self.checkpoint_dir = self.dir / "checkpoints"
         self.metrics_path = self.dir / "metrics.jsonl"
@@ -404,7 +432,7 @@ class Run:
         self._closed = False
         self._wandb = None
         self.config = self._write_config()
-        if getattr(args, "track", False):
+        if getattr(args, "track", False) and distributed.is_main():
             self._init_wandb()
 
     @staticmethod
@@ -469,7 +497,8 @@ class Run:
         if getattr(self.args, "track", False) and not config.get("wandb_id"):
             # A wandb run id ([a-z0-9]) chosen here so that a resumed run continues the same wandb run.
             config["wandb_id"] = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-        _write_atomic(self.config_path, json.dumps(config, indent=2) + "\n")
+        if distributed.is_main():
+            _write_atomic(self.config_path, json.dumps(config, indent=2) + "\n")
         return config
 
     def _init_wandb(self) -> None:
@@ -504,8 +533,11 @@ class Run:
         """Append one JSON line {"iteration": step, **metrics} to metrics.jsonl (and log to wandb at `step`).
 
         Tensors and numpy values become Python numbers (non-finite floats: null); other types raise TypeError.
+        Under torchrun only rank 0 writes (the scripts log metrics reduced over the ranks).
         """
         row = {k: _json_value(v, f"metric {k!r}") for k, v in metrics.items()}
+        if not distributed.is_main():
+            return
         row["iteration"] = int(step)
         line = json.dumps(row, allow_nan=False)
         with open(self.metrics_path, "a", encoding="utf-8") as f:
@@ -516,7 +548,7 @@ class Run:
 
     def _truncate_metrics(self, iteration: int) -> None:
         """Keep only rows of iterations <= `iteration` (rows logged after the checkpoint are redone)."""
-        if not self.metrics_path.exists():
+        if not distributed.is_main() or not self.metrics_path.exists():
             return
         rows = [r for r in read_metrics(self.metrics_path) if isinstance(r.get("iteration"), int)]
         kept = [json.dumps(r, allow_nan=False) + "\n" for r in rows if r["iteration"] <= iteration]
@@ -533,8 +565,15 @@ class Run:
         """Write checkpoints/latest.pt atomically (temporary file + os.replace): the state dicts of `modules`
         and `optimizers` (None entries skipped), `extra` (any picklable objects, e.g. a replay buffer or a
         numpy Generator), the python/numpy/torch(/CUDA) RNG states and `iteration`, the last completed
-        iteration (log an iteration's metrics before saving it)."""
+        iteration (log an iteration's metrics before saving it).
+
+        Under torchrun (several processes): checkpoints/latest.dcp/, written by all ranks together with
+        torch.distributed.checkpoint (each optimiser under the key of the module it steps); each rank's extra and
+        RNG states in its own rank{r}.pt there."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if distributed.world_size() > 1:
+            state = {"iteration": int(iteration), "extra": extra if extra is not None else {}, "rng": _rng_state()}
+            return distributed.save_checkpoint(self.checkpoint_dir / DCP_CHECKPOINT_NAME, modules, optimizers, state)
         state = {
             "iteration": int(iteration),
             "modules": {k: m.state_dict() for k, m in modules.items() if m is not None},
@@ -566,12 +605,19 @@ class Run:
         """
         path, state = self.resume_checkpoint, self._resume_state
         if path is None:
-            own = self.checkpoint_dir / CHECKPOINT_NAME
-            if not own.is_file():
+            own = self.checkpoint_dir / (DCP_CHECKPOINT_NAME if distributed.world_size() > 1 else CHECKPOINT_NAME)
+            if not own.exists():
                 return {}
             path, state = own, read_checkpoint(own)
         elif state is None:
             state = read_checkpoint(path)
+        if _is_dcp(path):
+            state = distributed.load_checkpoint(path, modules, optimizers)
+            _set_rng_state(state["rng"])
+            self._resume_state = None
+            if self.resuming:
+                self._truncate_metrics(state["iteration"])
+            return {"iteration": int(state["iteration"]), "extra": state.get("extra", {})}
         for kind, wanted, stored in (
             ("module", modules, state["modules"]),
             ("optimizer", optimizers, state["optimizers"]),
@@ -597,6 +643,8 @@ class Run:
         if self._closed:
             return
         self._closed = True
+        if not distributed.is_main():
+            return
         try:
             plot_learning_curve(self.metrics_path, self.curve_path, title=self.run_name)
         finally:

@@ -274,11 +274,17 @@ def test_alpha_and_base_dtype(tiny):
     "rank, backend, message",
     [(-1, "hf", "--lora-rank -1: must be >= 0"), (4, "vllm", "--rollout-backend hf only")],
 )
-def test_check_lora(rank, backend, message):
+def test_check_lora(rank, backend, message, monkeypatch):
     with pytest.raises(BadInput, match=message):
         models.check_lora(rank, backend)
     models.check_lora(0, "vllm")
     models.check_lora(4, "hf")
+    with pytest.raises(BadInput, match="critics are adapters"):
+        models.check_lora(4, "hf", "tiny")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # under torchrun
+    with pytest.raises(BadInput, match="one process"):
+        models.check_lora(4, "hf")
+    models.check_lora(0, "hf")
 
 
 # ---------------------------------------------------------------------------------------------------------------
