@@ -955,7 +955,7 @@ if __name__ == "__main__":
                 "max_steps", "max_prompt_tokens", "generation_batch_size", "max_new_tokens", "num_iterations",
                 "tasks_per_iteration", "group_size", "update_epochs", "minibatch_tokens", "micro_batch_tokens",
                 "num_eval_tasks", "eval_batch_size", "checkpoint_every",
-            ) + (("explorer_rollouts_per_task",) if swap else ()),
+            ) + (("explorer_rollouts_per_task", "buffer_capacity") if swap else ()),
             positive=("temperature", "vf_clip", "max_grad_norm", "is_cap"),
             at_most_one=("gamma", "gae_lambda"),
         )  # fmt: skip
