@@ -19,7 +19,7 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 
     python benchmarks/learning.py                  # the whole table: 51 runs, 4,000 env steps each, 1 h 36 min on 2 cores
     python benchmarks/learning.py --only grpo_webshop
-    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (151 s on 2 cores)
+    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (211 s, 2-core AMD EPYC)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
