@@ -965,7 +965,7 @@ if __name__ == "__main__":
         except ValueError as e:
             raise run.BadInput(f"--eval-split {args.eval_split} --num-eval-tasks {args.num_eval_tasks}: {e}") from None
         models.check_model_name(args.model_name)
-        models.check_lora(args.lora_rank, args.rollout_backend)
+        models.check_lora(args.lora_rank)
         cenvs.check_backend(args.env, args.env_backend)
         distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)

@@ -760,7 +760,7 @@ if __name__ == "__main__":
             positive=("temperature", "max_grad_norm", "is_cap"),
         )  # fmt: skip
         models.check_model_name(args.model_name)
-        models.check_lora(args.lora_rank, args.rollout_backend)
+        models.check_lora(args.lora_rank)
         cenvs.check_backend("webshop", args.env_backend)
         distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)

@@ -962,7 +962,7 @@ if __name__ == "__main__":
         models.check_model_name(args.model_name)
         if args.critic_model_name is not None:
             models.check_model_name(args.critic_model_name, flag="--critic-model-name")
-        models.check_lora(args.lora_rank, args.rollout_backend, args.critic_model_name)
+        models.check_lora(args.lora_rank, args.critic_model_name)
         cenvs.check_backend("alfworld", args.env_backend)
         distributed.check(args.tasks_per_iteration, args.rollout_backend)
         logger = run.Run(args, run_name, runs_dir=args.runs_dir, resume=args.resume)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import weakref
 from dataclasses import dataclass
 
@@ -254,6 +255,12 @@ class VLLMGenerator:
     log softmax(logits / T) of the chosen token (top-p renormalised when top_p < 1).
     `gpu_memory_utilization` is the share of GPU memory the engine (weights + KV cache) may take;
     `sleep_between_calls` frees the engine's KV cache between rollouts (vLLM sleep mode) for the training step.
+
+    LoRA (`max_lora_rank` > 0; `model_path` then holds the frozen base, as make_generator writes it for an
+    AdapterView): an AdapterView generates with a vLLM LoRA request instead of a weight push. Its adapter is written
+    (peft format) into a fresh folder under `lora_dir` with a fresh integer id whenever its weights changed since it
+    was last written; an unchanged adapter reuses its id, which the engine keeps loaded. The view of the bare base
+    (adapter None, the KL reference) generates with no request. Nothing is ever pushed: the base is frozen.
     """
 
     def __init__(
@@ -268,6 +275,8 @@ class VLLMGenerator:
         max_model_len: int | None = None,
         seed: int = 0,
         dtype: str = "auto",
+        max_lora_rank: int = 0,
+        lora_dir: str | os.PathLike | None = None,
     ):
         # In-process engine core, so that weights can be pushed as tensors without serialising them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -283,6 +292,16 @@ class VLLMGenerator:
         self.max_new_tokens = max_new_tokens
         self.stop = stop
         self.sleep_between_calls = sleep_between_calls
+        lora_kw = {}
+        if max_lora_rank > 0:
+            if lora_dir is None:
+                raise ValueError("max_lora_rank > 0 needs lora_dir, the folder the adapters are written into")
+            # vLLM accepts only some maximum ranks; two adapters (the policy and the explorer) stay loaded.
+            max_lora_rank = min(r for r in (8, 16, 32, 64, 128, 256, 512) if r >= max_lora_rank)
+            lora_kw = dict(enable_lora=True, max_lora_rank=max_lora_rank, max_loras=2)
+        self.lora_dir = lora_dir
+        self._lora_ids = itertools.count(1)
+        self._adapters: dict[str, tuple] = {}  # adapter name -> (peft model weakref, version, LoRARequest, folders)
         self.llm = vllm.LLM(
             model=model_path,
             tokenizer=model_path,
@@ -292,6 +311,7 @@ class VLLMGenerator:
             seed=seed,
             dtype=dtype,
             logprobs_mode="processed_logprobs",
+            **lora_kw,
         )
         track_weight_updates()
         self._pushed_model = None  # weakref to the model whose weights the engine holds
@@ -321,6 +341,26 @@ class VLLMGenerator:
         self._pushed_model = weakref.ref(model)
         self._pushed_version = self._version(model)
 
+    def _lora_request(self, view):
+        """The LoRA request for an AdapterView (None for the bare base), writing its adapter when it changed."""
+        if view.adapter is None:
+            return None
+        version = self._version(view)
+        held = self._adapters.get(view.adapter)
+        if held is not None and held[0]() is view.peft_model and held[1] == version:
+            return held[2]
+        from vllm.lora.request import LoRARequest
+
+        lora_id = next(self._lora_ids)
+        folder = os.path.join(self.lora_dir, f"{view.adapter}-{lora_id}")
+        view.save_pretrained(folder)
+        folders = (held[3] if held is not None else []) + [folder]
+        for old in folders[:-2]:  # the previous folder stays, in case the engine reloads that id
+            shutil.rmtree(old, ignore_errors=True)
+        request = LoRARequest(f"{view.adapter}-{lora_id}", lora_id, folder)
+        self._adapters[view.adapter] = (weakref.ref(view.peft_model), version, request, folders[-2:])
+        return request
+
     def generate(
         self,
         model: PreTrainedModel,
@@ -336,7 +376,15 @@ class VLLMGenerator:
         if self.sleep_between_calls:
             self.llm.wake_up()
         track_weight_updates(model)
-        if not self._is_pushed(model):
+        lora_request = None
+        if _is_adapter_view(model) != (self.lora_dir is not None):
+            raise ValueError(
+                "AdapterViews (LoRA) generate with an engine started for LoRA (make_generator(model=view)), "
+                "and only they do: the engine holds their frozen base"
+            )
+        if self.lora_dir is not None:
+            lora_request = self._lora_request(model)
+        elif not self._is_pushed(model):
             self.push_weights(model)
         greedy = greedy or temperature <= 0
         params = self.vllm.SamplingParams(
@@ -349,7 +397,11 @@ class VLLMGenerator:
             logprobs=0,
             skip_special_tokens=True,
         )
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        inputs = [{"prompt_token_ids": list(p)} for p in prompts]
+        if lora_request is None:
+            outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        else:
+            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)
         if self.sleep_between_calls:
             self.llm.sleep(level=1)
         gens = []
@@ -364,6 +416,17 @@ class VLLMGenerator:
                 Generation(text=text[: cut + len(self.stop)] if cut >= 0 else text, token_ids=ids, logprobs=lps)
             )
         return gens
+
+
+def _is_adapter_view(model) -> bool:
+    from common.models import AdapterView
+
+    return isinstance(model, AdapterView)
+
+
+def _lora_base_weights(hf_model: torch.nn.Module) -> dict:
+    """The frozen base of a peft model's HF model, under Hugging Face names (no `base_layer`, no adapter weights)."""
+    return {k.replace(".base_layer.", "."): v for k, v in hf_model.state_dict().items() if ".lora_" not in k}
 
 
 def make_generator(
@@ -381,7 +444,9 @@ def make_generator(
 
     backend "vllm" -> VLLMGenerator, its engine started from `model_path` (a save_pretrained folder or a hub id), or,
     without one, from `model` and `tokenizer` saved into `engine_dir` (a run's initial policy, whatever model name
-    it was loaded from). vllm_kw go to VLLMGenerator (gpu_memory_utilization, sleep_between_calls, ...).
+    it was loaded from). When `model` is an AdapterView (LoRA), `engine_dir` gets the frozen base instead, the
+    engine enables LoRA at the adapter's rank, and adapters are written under `engine_dir`/adapters.
+    vllm_kw go to VLLMGenerator (gpu_memory_utilization, sleep_between_calls, ...).
     """
     if backend == "hf":
         return HFGenerator(tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
@@ -392,8 +457,16 @@ def make_generator(
                     "the vllm backend needs model_path (a folder written by save_pretrained, or a hub id), "
                     "or model and engine_dir to save it into"
                 )
-            model.save_pretrained(engine_dir)
+            if _is_adapter_view(model):
+                model.hf_model.save_pretrained(engine_dir, state_dict=_lora_base_weights(model.hf_model))
+            else:
+                model.save_pretrained(engine_dir)
             tokenizer.save_pretrained(engine_dir)
             model_path = str(engine_dir)
+        if _is_adapter_view(model):
+            if engine_dir is None:
+                raise ValueError("LoRA rollouts with vllm need engine_dir, the folder the adapters are written into")
+            rank = max(config.r for config in model.peft_model.peft_config.values())
+            vllm_kw = dict(vllm_kw, max_lora_rank=rank, lora_dir=os.path.join(engine_dir, "adapters"))
         return VLLMGenerator(tokenizer, max_new_tokens=max_new_tokens, model_path=model_path, **vllm_kw)
     raise ValueError(f"unknown rollout backend {backend!r}: expected 'hf' or 'vllm'")

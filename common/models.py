@@ -252,19 +252,13 @@ def build_critic(policy: PreTrainedModel, critic_model_name: str | None = None, 
 # LoRA: several adapters on one frozen base
 
 
-def check_lora(lora_rank: int, rollout_backend: str, critic_model_name: str | None = None) -> None:
-    """BadInput (one line) for LoRA flags no run can use: a negative rank, LoRA with vLLM rollouts, LoRA under
-    torchrun with several processes, or LoRA with a separate critic model (LoRA critics are adapters on the
-    policy's base)."""
+def check_lora(lora_rank: int, critic_model_name: str | None = None) -> None:
+    """BadInput (one line) for LoRA flags no run can use: a negative rank, LoRA under torchrun with several
+    processes, or LoRA with a separate critic model (LoRA critics are adapters on the policy's base)."""
     if lora_rank < 0:
         raise BadInput(f"--lora-rank {lora_rank}: must be >= 0 (0: full-weight training)")
     if lora_rank > 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise BadInput(f"--lora-rank {lora_rank}: LoRA runs in one process (not under torchrun with several)")
-    if lora_rank > 0 and rollout_backend != "hf":
-        raise BadInput(
-            f"--lora-rank {lora_rank} with --rollout-backend {rollout_backend}: LoRA rollouts run with "
-            "--rollout-backend hf only (vLLM LoRA requests are not wired in)"
-        )
     if lora_rank > 0 and critic_model_name is not None:
         raise BadInput(
             f"--lora-rank {lora_rank} with --critic-model-name {critic_model_name}: with LoRA the critics are "

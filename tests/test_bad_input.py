@@ -110,7 +110,6 @@ BAD_FLAGS = [
     ("gigpo", ["--outcome-scale", "1e40"], "--outcome-scale 1e+40"),
     ("gigpo", ["--env", "webshop", "--num-eval-tasks", "501"], "--num-eval-tasks 501"),
     ("grpo", ["--lora-rank", "-1"], "--lora-rank -1"),
-    ("gigpo", ["--lora-rank", "4", "--rollout-backend", "vllm"], "--lora-rank 4 with --rollout-backend vllm"),
     ("ppo", ["--lora-rank", "4", "--critic-model-name", "tiny"], "--lora-rank 4 with --critic-model-name tiny"),
 ]
 MISSING_MODELS = [(script, "--model-name", name) for script in SCRIPTS for name in ("not-a-model", "/nonexistent/path")]

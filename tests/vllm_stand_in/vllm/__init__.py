@@ -3,9 +3,11 @@
 tests/test_vllm_backend.py puts this folder first on a script's PYTHONPATH, so `import vllm` finds it. The engine is
 a transformers model loaded from the folder the script hands over; `load_weights` accepts only that model's
 parameter names; generation runs the project's HF generator; every start, push and generate is logged (JSON lines)
-to $VLLM_STAND_IN_LOG with a digest of the engine's weights.
+to $VLLM_STAND_IN_LOG with a digest of the engine's weights. With enable_lora, `generate(..., lora_request=...)`
+runs the engine's model with the peft adapter of that folder, loaded once per integer id (as vLLM caches it).
 """
 
+import copy
 import hashlib
 import json
 import os
@@ -62,6 +64,8 @@ class LLM:
         self.model = AutoModelForCausalLM.from_pretrained(model).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.asleep = False
+        self.enable_lora = kwargs.get("enable_lora", False)
+        self.loras = {}  # lora_int_id -> the engine's model with that adapter (a copy: the base stays as pushed)
         _log(event="start", folder=model, digest=digest(self.model), kwargs=sorted(kwargs))
 
     def apply_model(self, fn):
@@ -78,14 +82,27 @@ class LLM:
     def wake_up(self):
         self.asleep = False
 
-    def generate(self, prompts, params, use_tqdm=False):
+    def generate(self, prompts, params, use_tqdm=False, lora_request=None):
         assert not self.asleep, "generate on a sleeping engine"
+        model = self.model
+        if lora_request is not None:
+            assert self.enable_lora, "a LoRA request to an engine started without enable_lora"
+            if lora_request.lora_int_id not in self.loras:
+                from peft import PeftModel
+
+                # vLLM loads an id once; this copy of the base would miss later pushes, which LoRA runs never make.
+                loaded = PeftModel.from_pretrained(copy.deepcopy(self.model), lora_request.lora_path).eval()
+                self.loras[lora_request.lora_int_id] = loaded
+                _log(event="load_lora", id=lora_request.lora_int_id, name=lora_request.lora_name,
+                     path=lora_request.lora_path)  # fmt: skip
+            model = self.loras[lora_request.lora_int_id]
         gen = HFGenerator(self.tokenizer, max_new_tokens=params.max_tokens)
         ids = [p["prompt_token_ids"] for p in prompts]
         outs = gen.generate(
-            self.model, ids, temperature=params.temperature or 1.0, top_p=params.top_p, greedy=params.temperature == 0.0
+            model, ids, temperature=params.temperature or 1.0, top_p=params.top_p, greedy=params.temperature == 0.0
         )
-        _log(event="generate", prompts=len(ids), digest=digest(self.model))
+        lora_id = None if lora_request is None else lora_request.lora_int_id
+        _log(event="generate", prompts=len(ids), digest=digest(self.model), lora_id=lora_id)
         return [
             SimpleNamespace(
                 outputs=[
