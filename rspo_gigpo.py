@@ -593,7 +593,7 @@ def rollout(
     short = models.is_tiny(args.model_name)  # the tiny model's short prompt numbers the admissible actions
     by_number = cenvs.env_module(args.env).TINY_ANSWER_BY_NUMBER if short else None  # WebShop's products as #k
     context = getattr(model.config, "max_position_embeddings", None) or 10**9
-    budget = args.max_prompt_tokens or (512 if short else 4096)  # 512: the tiny model's warm-start prompts
+    budget = args.max_prompt_tokens or (prompts.TINY_MAX_PROMPT_TOKENS if short else 4096)  # tiny: its warm start's
     budget = min(budget, context - args.max_new_tokens)
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)

@@ -445,7 +445,7 @@ def rollout(
     by_number = cenvs.env_module("webshop").TINY_ANSWER_BY_NUMBER if short else None  # it answers products as #k
     budget = args.max_prompt_tokens
     if budget is None:
-        budget = 512 if short else 4096  # 512: the tiny model's warm-start budget (tiny_models/build.py)
+        budget = prompts.TINY_MAX_PROMPT_TOKENS if short else 4096  # the tiny model: its warm-start budget
     budget = min(budget, (getattr(model.config, "max_position_embeddings", None) or 10**9) - args.max_new_tokens)
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)

@@ -25,6 +25,9 @@ ACTION_OPEN = "<action>"
 ACTION_CLOSE = "</action>"
 # Marks an observation whose beginning was cut to fit the prompt budget.
 TRUNCATION_MARK = "..."
+# Prompt budget of the tiny model's short prompts: its warm start was trained on them (tiny_models/build.py), and the
+# scripts use it when --max-prompt-tokens is unset.
+TINY_MAX_PROMPT_TOKENS = 512
 
 
 def _one_line(text: str) -> str:

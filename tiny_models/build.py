@@ -27,7 +27,7 @@ from transformers import PreTrainedTokenizerFast
 
 from common import envs as cenvs
 from common.models import default_cache_dir, file_lock
-from common.prompts import build_prompt, encode_prompt, format_response, parse_action
+from common.prompts import TINY_MAX_PROMPT_TOKENS, build_prompt, encode_prompt, format_response, parse_action
 
 # Everything that determines the tiny model; its hash names the cache folder (with the env's own fingerprint).
 TINY_CONFIG = {
@@ -41,7 +41,7 @@ TINY_CONFIG = {
     "max_position_embeddings": 1024,
     # prompts of the warm start (and of the scripts with --model-name tiny)
     "history_len": 2,
-    "max_prompt_tokens": 512,
+    "max_prompt_tokens": TINY_MAX_PROMPT_TOKENS,
     "max_new_tokens": 32,
     # behaviour cloning
     "bc_threads": 1,  # torch threads of the build, fixed (not the machine's count) so the weights are the same
