@@ -80,9 +80,9 @@ def hurried_action(expert_action: str, admissible: list[str]) -> str:
     return expert_action
 
 
-def careless_action(env: WebShopEnv, rng: random.Random) -> str:
-    """What a careless shopper does in `env`'s current state: on a results page it opens a product listed there at
-    random (rng) instead of one that solves the goal; on an item page it chooses the goal's options that this
+def careless_action(env: WebShopEnv, rng: random.Random, pick: str = "random") -> str:
+    """What a careless shopper does in `env`'s current state: on a results page it opens a product listed there,
+    at random (rng) or, with pick="last", always the last one, instead of one that solves the goal; on an item page it chooses the goal's options that this
     product offers, then buys (whatever the product); anywhere else (the search page) it acts as the expert. The
     tiny model's warm start imitates this shopper in a share of its episodes (`bc_careless_share` in
     tiny_models/build.py), so it starts poor at *finding* the product, the part of the task that the misaligned
@@ -93,7 +93,9 @@ def careless_action(env: WebShopEnv, rng: random.Random) -> str:
                 return f"click[{value}]"
         return "click[buy now]"
     products = [a for a in env.admissible_actions() if TINY_ANSWER_BY_NUMBER.fullmatch(a)]
-    return rng.choice(products) if products else env.expert_action()
+    if not products:
+        return env.expert_action()
+    return products[-1] if pick == "last" else rng.choice(products)
 
 
 _ACTION_RE = re.compile(r"(.+)\[(.+)\]")  # WebShop's action syntax, matched from the start of the string

@@ -307,6 +307,28 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
     assert hurried_share["webshop"] > 0 == hurried_share["alfworld"]
 
 
+def test_careless_pick_last_opens_the_last_listed_product_every_time():
+    """bc_careless_pick="last": the careless shopper opens the results page's last product, one consistent habit
+    (the same action wherever it is taken), and its episodes in the warm start's data all do so."""
+    import random
+
+    from envs import webshop
+
+    env = webshop.make_env(preset="small")
+    env.reset(500)
+    env.step(env.expert_action())
+    listed = [a for a in env.admissible_actions() if webshop.TINY_ANSWER_BY_NUMBER.fullmatch(a)]
+    picks = {webshop.careless_action(env, random.Random(i), "last") for i in range(20)}
+    assert picks == {listed[-1]} and len(listed) == webshop.PRODUCTS_PER_PAGE
+    seeds = list(webshop.split_seeds("train", 60))
+    turns = tiny_build.collect_expert_turns("webshop", "small", seeds, careless_share=1.0, careless_pick="last")
+    clicks = [t[4] for t in turns if webshop.TINY_ANSWER_BY_NUMBER.fullmatch(t[4])]
+    assert len(clicks) == len(seeds)  # one product opened per episode: the last listed one, never a page turn
+    for t in turns:
+        if webshop.TINY_ANSWER_BY_NUMBER.fullmatch(t[4]):
+            assert t[4] == [a for a in t[3] if webshop.TINY_ANSWER_BY_NUMBER.fullmatch(a)][-1]
+
+
 def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
     """WebShop's careless shopper opens a listed product at random, chooses the goal's options that it offers and
     buys it; the warm start's data has it play about bc_careless_share of the episodes (drawn independently of the

@@ -51,6 +51,8 @@ TINY_CONFIG = {
     # share of the BC episodes played by the env's careless demonstrator (`careless_action`), drawn independently
     # of the hurried share (a careless and hurried episode opens a random product and buys it at once)
     "bc_careless_share": 0.0,
+    # (optional) "bc_careless_pick": the product the careless demonstrator opens on a results page, "random" (any
+    # listed one, when the key is absent, so the committed models' hashes stand) or "last" (docs/results.md's probe)
     "bc_batch_size": 16,
     "bc_learning_rate": 3e-3,
     "bc_warmup_steps": 10,
@@ -198,7 +200,12 @@ def build_tiny(
 
 
 def collect_expert_turns(
-    env_name: str, preset: str, seeds: list[int], hurried_share: float = 0.0, careless_share: float = 0.0
+    env_name: str,
+    preset: str,
+    seeds: list[int],
+    hurried_share: float = 0.0,
+    careless_share: float = 0.0,
+    careless_pick: str = "random",
 ) -> list[tuple[str, str, list, list[str], str]]:
     """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
 
@@ -207,7 +214,7 @@ def collect_expert_turns(
     `hurried_action` plays instead of the expert; an env without one (None) is played by the expert alone.
     careless_share: likewise for the env's `careless_action(env, rng)` (drawn independently of the hurried share;
     `hurried_action` then applies to what the careless player does), whose random choices come from a generator
-    seeded by the episode's seed.
+    seeded by the episode's seed; careless_pick ("random" or "last") is the product it opens on a results page.
     """
     module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
@@ -222,7 +229,7 @@ def collect_expert_turns(
         history: list[tuple[str, str]] = []
         done = False
         while not done:
-            action = careless(env, rng) if sloppy else info["expert_action"]
+            action = careless(env, rng, careless_pick) if sloppy else info["expert_action"]
             if rushed:
                 action = hurried(action, info["admissible_actions"])
             turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
@@ -371,7 +378,14 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
     start = time.time()
     env = cenvs.env_module(env_name)
     train_seeds = list(env.split_seeds("train", cfg["bc_train_seeds"]))
-    turns = collect_expert_turns(env_name, preset, train_seeds, cfg["bc_hurried_share"], cfg["bc_careless_share"])
+    turns = collect_expert_turns(
+        env_name,
+        preset,
+        train_seeds,
+        cfg["bc_hurried_share"],
+        cfg["bc_careless_share"],
+        cfg.get("bc_careless_pick", "random"),
+    )
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
     prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
     responses = [format_response(tiny_expert_answer(env, action, a), short=True) for _, _, _, a, action in turns]
