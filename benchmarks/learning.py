@@ -91,9 +91,11 @@ def variant_flags(variant: str) -> list[str]:
     raise ValueError(f"unknown variant {variant!r}")
 
 
-def jobs_for(pairs: list[str], seeds: int, secondary_seeds: int) -> list[tuple[str, str, int]]:
+def jobs_for(
+    pairs: list[str], seeds: int, secondary_seeds: int, variants: list[str] | None = None
+) -> list[tuple[str, str, int]]:
     """(pair, variant, seed) of every run: the main variants on every pair and seed, the secondary ones on
-    SECONDARY_PAIRS with the first `secondary_seeds` seeds."""
+    SECONDARY_PAIRS with the first `secondary_seeds` seeds; only `variants` when given."""
     # Seed by seed, so that a table stopped early holds whole seeds of every variant.
     jobs = [(pair, v, s) for s in range(1, seeds + 1) for pair in pairs for v in MAIN_VARIANTS]
     jobs += [
@@ -103,7 +105,7 @@ def jobs_for(pairs: list[str], seeds: int, secondary_seeds: int) -> list[tuple[s
         if pair in SECONDARY_PAIRS
         for v in SECONDARY_VARIANTS
     ]
-    return jobs
+    return [j for j in jobs if variants is None or j[1] in variants]
 
 
 # two-sided 95% quantiles of Student's t, t_{0.975, df} for df = 1..30 (intervals over a handful of seeds)
@@ -369,6 +371,13 @@ def main() -> None:
         help="short check (under 10 minutes): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
     )
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument(
+        "--variant",
+        dest="variants",
+        choices=[*MAIN_VARIANTS, *SECONDARY_VARIANTS],
+        action="append",
+        help="run only this variant (repeatable; a probe, not the table)",
+    )
     p.add_argument("--secondary-seeds", type=int, default=3, help="seeds of the secondary variants")
     p.add_argument(
         "--total-env-steps", type=int, default=4000, help="budget per run, explorer steps included (sized for 2 h)"
@@ -397,7 +406,7 @@ def main() -> None:
         pairs = a.only or ["grpo_webshop", "ppo_alfworld"]
         seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
     a.out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds)
+    jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds, a.variants)
     print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
     t0 = time.time()
     failures: list[str] = []

@@ -155,5 +155,11 @@ def test_jobs_main_variants_everywhere_secondary_on_one_pair():
     assert flags[flags.index("--process-reward") + 1] == "misaligned"
     aligned = learning.variant_flags("process_aligned")
     assert aligned[len(aligned) - 1 - aligned[::-1].index("--process-reward") + 1] == "aligned"  # the last one wins
+    only = learning.jobs_for(
+        ["grpo_webshop", "ppo_alfworld"], seeds=2, secondary_seeds=2, variants=["swap", "swap_none"]
+    )
+    assert only == [(p, "swap", s) for s in (1, 2) for p in ("grpo_webshop", "ppo_alfworld")] + [
+        ("grpo_webshop", "swap_none", s) for s in (1, 2)
+    ]
     one_step = learning.variant_flags("swap_one_step")
     assert one_step[len(one_step) - 1 - one_step[::-1].index("--explorer") + 1] == "one_step"
