@@ -45,16 +45,28 @@ def split_seeds(env_name: str, split: str, n: int, backend: str = "embedded") ->
     return list(env_module(env_name).split_seeds(split, n, backend=backend))
 
 
+# The validation goals start here in the training split, after the goals that any warm start imitated (the tiny
+# builder's demonstrations are the first bc_train_seeds = 1,024) and after any training pool up to this size.
+VALID_START = 2048
+
+
 def seed_pools(
     env_name: str, train_pool_size: int, num_eval_tasks: int, backend: str = "embedded", eval_split: str | None = None
 ) -> tuple[list[int], list[int]]:
     """(train pool, evaluation seeds): the first `train_pool_size` seeds of "train" and the first
     `num_eval_tasks` of `eval_split` (default the held-out EVAL_SPLIT[env_name], disjoint from "train"; "train"
-    evaluates on the training goals themselves; "valid" on the training goals that follow the pool, never trained
-    on: the split on which defaults are chosen, so that the held-out goals are reported once)."""
+    evaluates on the training goals themselves; "valid" on training goals from VALID_START on (or after the pool,
+    if it is larger), never trained on or imitated: the split on which defaults are chosen, so that the held-out
+    goals are reported once)."""
     train = split_seeds(env_name, "train", train_pool_size, backend=backend)
     if eval_split == "valid":
-        evaluation = split_seeds(env_name, "train", train_pool_size + num_eval_tasks, backend=backend)[train_pool_size:]
+        start = max(VALID_START, train_pool_size)
+        evaluation = split_seeds(env_name, "train", start + num_eval_tasks, backend=backend)[start:]
+        if len(evaluation) < num_eval_tasks:
+            raise SystemExit(
+                f"--eval-split valid needs {start + num_eval_tasks} training goals of {env_name} ({backend}); "
+                f"the split has {start + len(evaluation)}"
+            )
     else:
         evaluation = split_seeds(env_name, eval_split or EVAL_SPLIT[env_name], num_eval_tasks, backend=backend)
     return train, evaluation

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from common import envs as cenvs
+from tiny_models import build as tiny_build
 
 ENV_NAMES = ["webshop", "alfworld"]
 MAX_STEPS = {"webshop": 15, "alfworld": 50}
@@ -35,9 +36,14 @@ def test_seed_pools(env_name):
     assert evaluation == cenvs.split_seeds(env_name, cenvs.EVAL_SPLIT[env_name], 4)
     if env_name == "webshop":
         assert train[0] == 500 and evaluation == [0, 1, 2, 3]
-    # the validation split: the training seeds right after the pool, never trained on
+    # the validation split: training seeds never trained on and past every warm start's demonstrations
     train, valid = cenvs.seed_pools(env_name, 6, 4, eval_split="valid")
-    assert valid == cenvs.split_seeds(env_name, "train", 10)[6:] and not set(train) & set(valid)
+    start = cenvs.VALID_START
+    assert valid == cenvs.split_seeds(env_name, "train", start + 4)[start:] and not set(train) & set(valid)
+    demonstrated = set(cenvs.split_seeds(env_name, "train", tiny_build.tiny_config(env_name)["bc_train_seeds"]))
+    assert not demonstrated & set(valid)
+    _, after_big_pool = cenvs.seed_pools(env_name, start + 10, 4, eval_split="valid")
+    assert after_big_pool == cenvs.split_seeds(env_name, "train", start + 14)[start + 10 :]
 
 
 def _actions(infos, rng, k):
