@@ -158,7 +158,7 @@ class Args:
     num_eval_tasks: int = 50
     """held-out tasks (the first seeds of --eval-split)"""
     eval_split: str | None = None
-    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`; `valid`: the train seeds after the pool)"""
+    """held-out split (None: WebShop `test`, ALFWorld `valid_unseen`; `valid`: train seeds from 2,048 on, never seen)"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64

@@ -146,7 +146,7 @@ class Args:
     num_eval_tasks: int = 50
     """evaluation tasks: the first goals of --eval-split (at most 500)"""
     eval_split: Literal["test", "train", "valid"] = "test"
-    """`test`: held-out goals; `train`: the training goals (the pool is their start); `valid`: train goals after it"""
+    """`test`: held-out goals; `train`: the training goals (the pool is their start); `valid`: train goals from 2,048 on"""
     eval_temperature: float = 0.0
     """evaluation sampling temperature (0: greedy)"""
     eval_batch_size: int = 64

@@ -159,7 +159,7 @@ class Args:
 
     # Evaluation and checkpoints
     eval_split: Literal["valid_unseen", "valid_seen", "valid"] = "valid_unseen"
-    """held-out split (`valid`: the train seeds after the pool, where defaults are chosen)"""
+    """held-out split (`valid`: train seeds from 2,048 on, for choosing defaults)"""
     eval_every: int = 5
     """evaluate every this many iterations (and after the last; 0: only after the last)"""
     eval_at_start: bool = True

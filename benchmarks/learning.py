@@ -184,7 +184,7 @@ def eval_rows(runs_dir: pathlib.Path) -> list[dict]:
 
 def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path, eval_split: str = "held-out") -> dict:
     """The step-0 evaluation row of (env, seed)'s initial model: one --eval-only run, reused when it is there.
-    eval_split "held-out" is each script's default split; "valid" the training seeds after the pool."""
+    eval_split "held-out" is each script's default split; "valid" training seeds from common.envs.VALID_START on."""
     suffix = "" if eval_split == "held-out" else f"__{eval_split}"
     runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}{suffix}"
     if not eval_rows(runs_dir):
@@ -389,7 +389,7 @@ def main() -> None:
         choices=["held-out", "valid"],
         default="held-out",
         help="`held-out`: the test goals (WebShop) / valid_unseen (ALFWorld), reported once; `valid`: training "
-        "seeds after the pool, never trained on, where defaults are chosen (give it its own --out)",
+        "seeds from 2,048 on, never trained on or imitated, where defaults are chosen (give it its own --out)",
     )
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel (one CPU thread each)")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "benchmarks" / "results")
