@@ -7,7 +7,6 @@ learns the outcome only, with truncated importance weights on the explorer's tok
 `--reward-mode process` are the GRPO baselines on the sparse and on the dense reward.
 """
 
-import copy
 import dataclasses
 import functools
 import os
@@ -775,13 +774,10 @@ if __name__ == "__main__":
     policy, tokenizer = models.load_model(
         args.model_name, env_name="webshop", preset=args.env_preset, seed=args.tiny_seed, device=device
     )
-    if args.lora_rank > 0:  # LoRA: the policy and agent B are adapters on one frozen base, which is the KL reference
-        bf16 = torch.bfloat16 if device.type == "cuda" else None
-        lora = models.add_lora(policy, ["policy", "explorer"], args.lora_rank, args.lora_alpha, base_dtype=bf16)
-        policy, explorer, ref_model = (models.AdapterView(lora, name) for name in ("policy", "explorer", None))
-    else:
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
-        explorer = copy.deepcopy(policy) if swap else None
+    # LoRA (--lora-rank > 0): the policy and agent B are adapters on one frozen base, which is the KL reference
+    policy, explorer, ref_model, _ = models.policy_explorer_reference(
+        policy, device, explorer=swap, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha
+    )
     distributed.shard(policy, ref_model, explorer)  # torchrun: FSDP2, before the optimisers (they step the shards)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.learning_rate)
     explorer_lr = args.explorer_learning_rate if args.explorer_learning_rate is not None else args.learning_rate

@@ -10,7 +10,6 @@ truncated importance weights), and the policy learns the outcome reward only. `-
 `--reward-mode process` are the two baselines.
 """
 
-import copy
 import dataclasses
 import functools
 import os
@@ -980,16 +979,15 @@ if __name__ == "__main__":
     # its own value head (trained on process returns, never synced from the policy's critic)
     load_kw = dict(env_name="alfworld", preset=args.env_preset, seed=args.tiny_seed, device=device)
     policy, tokenizer = models.load_model(args.model_name, **load_kw)
-    if args.lora_rank > 0:  # LoRA: policy, agent B and their critics are adapters on one frozen base, the KL reference
-        names = ["policy", "explorer", "critic", "explorer_critic"]
-        bf16 = torch.bfloat16 if device.type == "cuda" else None
-        lora = models.add_lora(policy, names, args.lora_rank, args.lora_alpha, base_dtype=bf16)
-        policy, explorer, ref_model = (models.AdapterView(lora, name) for name in ("policy", "explorer", None))
-        critic, explorer_critic = (models.Critic(models.AdapterView(lora, n)) for n in ("critic", "explorer_critic"))
-    else:
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    # LoRA (--lora-rank > 0): policy, agent B and their critics are adapters on one frozen base, the KL reference
+    critics = ("critic", "explorer_critic")
+    policy, explorer, ref_model, lora = models.policy_explorer_reference(
+        policy, device, explorer=swap, lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, extra_adapters=critics
+    )
+    if lora is not None:
+        critic, explorer_critic = (models.Critic(models.AdapterView(lora, n)) for n in critics)
+    else:  # build_critic draws its value head's initial weights (the copies above draw nothing: the same weights)
         critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device)
-        explorer = copy.deepcopy(policy) if swap else None
         explorer_critic = models.build_critic(policy, args.critic_model_name, **load_kw).to(device) if swap else None
     modules = {"policy": policy, "critic": critic, "ref": ref_model}
     base_lr = {"policy": args.learning_rate, "critic": args.critic_learning_rate}

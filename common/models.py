@@ -431,3 +431,29 @@ class _TrunkView(nn.Module):
     def forward(self, *args, **kwargs):
         self.view.activate(self.training)
         return self.trunk(*args, **kwargs)
+
+
+def policy_explorer_reference(
+    policy: PreTrainedModel,
+    device: torch.device,
+    *,
+    explorer: bool,
+    lora_rank: int = 0,
+    lora_alpha: float | None = None,
+    extra_adapters: Sequence[str] = (),
+):
+    """(policy, explorer, reference, lora) of a script: the trained policy, agent B (None without `explorer`) and
+    the frozen KL reference (the initial policy).
+
+    lora_rank 0: full weights; the reference and agent B are deep copies of `policy`, lora is None. lora_rank > 0:
+    `policy` becomes one frozen base (bf16 on CUDA) carrying the adapters "policy", "explorer" and
+    `extra_adapters` (e.g. PPO's critics, for the caller's AdapterViews on lora); the policy and agent B are
+    AdapterViews and the reference is the bare base."""
+    if lora_rank > 0:
+        bf16 = torch.bfloat16 if device.type == "cuda" else None
+        names = ["policy", "explorer", *extra_adapters]
+        lora = add_lora(policy, names, lora_rank, lora_alpha, base_dtype=bf16)
+        policy, agent_b, reference = (AdapterView(lora, name) for name in ("policy", "explorer", None))
+        return policy, agent_b, reference, lora
+    reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    return policy, copy.deepcopy(policy) if explorer else None, reference, None
