@@ -398,10 +398,7 @@ class VLLMGenerator:
             skip_special_tokens=True,
         )
         inputs = [{"prompt_token_ids": list(p)} for p in prompts]
-        if lora_request is None:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False)
-        else:
-            outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=lora_request)  # None: no adapter
         if self.sleep_between_calls:
             self.llm.sleep(level=1)
         gens = []
