@@ -257,8 +257,9 @@ def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = Non
 
     pair, variant and seed come from the folder name; held-out success/score at step 0 (the run's own evaluation
     at step 0 if it has one, else `initial`, the shared one) and at the last evaluation; the sampled success of
-    the policy's training rollouts over the first and the last 10 iterations; seconds from seconds.txt ("" when
-    the run was written by an older version of this script).
+    the policy's training rollouts over the first and the last 10 iterations, and over every iteration beside agent
+    B's on the same tasks (swap runs; "" in the others); seconds from seconds.txt ("" when the run was written by
+    an older version of this script).
     """
     evals = eval_rows(runs_dir)
     if not evals or evals[-1]["env_steps"] < budget:
@@ -269,6 +270,7 @@ def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = Non
         evals = [initial] + evals
     rows = read_metrics(next(runs_dir.glob("*/metrics.jsonl")))
     train = [r["train/success_rate"] for r in rows if "train/success_rate" in r]  # sampled, the policy's own
+    explorer = [r["explorer/success_rate"] for r in rows if r.get("explorer/success_rate") is not None]
     pair, variant, seed = runs_dir.name.split("__")
     first, last = evals[0], evals[-1]
     seconds = runs_dir / "seconds.txt"
@@ -283,6 +285,8 @@ def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = Non
         "score": last.get("eval/score", ""),
         "train_success_first10": round(statistics.mean(train[:10]), 4) if train else "",
         "train_success_last10": round(statistics.mean(train[-10:]), 4) if train else "",
+        "train_success_all": round(statistics.mean(train), 4) if train else "",
+        "explorer_success_all": round(statistics.mean(explorer), 4) if explorer else "",
         "seconds": float(seconds.read_text()) if seconds.is_file() else "",
         "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
     }
@@ -312,6 +316,8 @@ def summarise(results: list[dict]) -> list[dict]:
                 "success_ci95": round(half, 4),
                 "train_success_first10_mean": _mean_of(rs, "train_success_first10"),
                 "train_success_last10_mean": _mean_of(rs, "train_success_last10"),
+                "train_success_all_mean": _mean_of(rs, "train_success_all"),
+                "explorer_success_all_mean": _mean_of(rs, "explorer_success_all"),
                 "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
                 "score_mean": round(statistics.mean(scores), 2) if scores else "",
                 "score_std": round(statistics.stdev(scores), 2) if len(scores) > 1 else ("" if not scores else 0.0),
@@ -448,15 +454,18 @@ def main() -> None:
     plot(results, a.out / f"learning{suffix}.png")
     print(
         "\n| pair | variant | held-out success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
-        "| sampled training success, first -> last 10 iterations | env steps | seeds |"
+        "| sampled training success, first -> last 10 iterations | policy / agent B sampled, every iteration "
+        "| env steps | seeds |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
+        b = s["explorer_success_all_mean"]
         print(
             f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
             f"{s['success_ci95']:.3f} | {score} | {s['train_success_first10_mean']} -> "
-            f"{s['train_success_last10_mean']} | {s['env_steps_mean']} | {s['seeds']} |"
+            f"{s['train_success_last10_mean']} | {s['train_success_all_mean']} / {b if b != '' else '-'} "
+            f"| {s['env_steps_mean']} | {s['seeds']} |"
         )
     print("\n| pair | paired by seed | mean | 95% interval | per seed |\n|---|---|---|---|---|")
     for d in paired_differences(results):

@@ -13,11 +13,16 @@ learning = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(learning)
 
 
-def write_run(out, name, evals: list[tuple[int, float, float]], seconds: float | None = None, train=(0.1,)):
-    """A run folder as the scripts write it: training rows (sampled success `train`), then the evaluations."""
+def write_run(
+    out, name, evals: list[tuple[int, float, float]], seconds: float | None = None, train=(0.1,), explorer=None
+):
+    """A run folder as the scripts write it: training rows (sampled success `train`, and agent B's `explorer` on
+    the same iterations when given), then the evaluations."""
     run = out / "runs" / name
     (run / "exp_1").mkdir(parents=True)
     rows = [{"iteration": k + 1, "env_steps": k, "train/success_rate": v} for k, v in enumerate(train)]
+    for row, b in zip(rows, explorer or ()):
+        row["explorer/success_rate"] = b
     for steps, success, score in evals:
         rows.append({"env_steps": steps, "eval/success_rate": success, "eval/score": score})
     (run / "exp_1" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -35,9 +40,26 @@ def test_finished_run_reads_the_first_and_last_evaluation(tmp_path):
     assert r["env_steps"] == 6010 and r["seconds"] == 12.5
     assert r["curve"] == [(0, 0.25), (3000, 0.5), (6010, 0.75)]
     assert r["train_success_first10"] == pytest.approx(0.225) and r["train_success_last10"] == pytest.approx(0.725)
+    assert r["train_success_all"] == pytest.approx(0.475) and r["explorer_success_all"] == ""  # no agent B here
     # Short of the budget, or no metrics at all: not finished, so a rerun trains it again.
     assert learning.finished_run(run, 7000) is None
     assert learning.finished_run(tmp_path / "runs" / "ppo_alfworld__outcome__1", 10) is None
+
+
+def test_explorer_and_policy_success_on_the_same_iterations(tmp_path):
+    """A swap run logs agent B's sampled success beside the policy's; both are averaged over every iteration, and
+    an iteration whose explorer value is null (written as None) does not count."""
+    run = write_run(
+        tmp_path, "ppo_alfworld__swap__1", [(0, 0.1, 0.0), (100, 0.2, 0.0)], train=[0.0, 0.25, 0.5],
+        explorer=[0.5, None, 0.25],
+    )  # fmt: skip
+    r = learning.finished_run(run, 100)
+    assert r["train_success_all"] == pytest.approx(0.25) and r["explorer_success_all"] == pytest.approx(0.375)
+    other = learning.finished_run(write_run(tmp_path, "ppo_alfworld__swap__2", [(0, 0.1, 0.0), (100, 0.3, 0.0)],
+                                            train=[0.5], explorer=[0.125]), 100)  # fmt: skip
+    (row,) = learning.summarise([r, other])
+    assert row["train_success_all_mean"] == pytest.approx(0.375)
+    assert row["explorer_success_all_mean"] == pytest.approx(0.25)
 
 
 def test_rerun_reuses_finished_runs_without_training(tmp_path, monkeypatch):
