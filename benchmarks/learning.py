@@ -416,7 +416,8 @@ def main() -> None:
         seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
     a.out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds, a.variants)
-    print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} held-out seeds, {a.jobs} in parallel")
+    goals = "validation" if a.eval_split == "valid" else "held-out"
+    print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} {goals} seeds, {a.jobs} in parallel")
     t0 = time.time()
     failures: list[str] = []
     results: list[dict] = []
@@ -453,7 +454,7 @@ def main() -> None:
     summary = write_tables(results, a.out, suffix)
     plot(results, a.out / f"learning{suffix}.png")
     print(
-        "\n| pair | variant | held-out success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
+        f"\n| pair | variant | {goals} success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
         "| sampled training success, first -> last 10 iterations | policy / agent B sampled, every iteration "
         "| env steps | seeds |"
     )
