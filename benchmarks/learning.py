@@ -283,18 +283,22 @@ def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = Non
         "success": last["eval/success_rate"],
         "score_start": first.get("eval/score", ""),
         "score": last.get("eval/score", ""),
-        "train_success_first10": round(statistics.mean(train[:10]), 4) if train else "",
-        "train_success_last10": round(statistics.mean(train[-10:]), 4) if train else "",
-        "train_success_all": round(statistics.mean(train), 4) if train else "",
-        "explorer_success_all": round(statistics.mean(explorer), 4) if explorer else "",
+        "train_success_first10": _rounded_mean(train[:10]),
+        "train_success_last10": _rounded_mean(train[-10:]),
+        "train_success_all": _rounded_mean(train),
+        "explorer_success_all": _rounded_mean(explorer),
         "seconds": float(seconds.read_text()) if seconds.is_file() else "",
         "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
     }
 
 
-def _mean_of(rows: list[dict], key: str):
-    values = [r[key] for r in rows if r.get(key, "") != ""]
+def _rounded_mean(values: list[float]):
+    """The mean to 4 decimals, or "" (an empty CSV cell) when there is nothing to average."""
     return round(statistics.mean(values), 4) if values else ""
+
+
+def _mean_of(rows: list[dict], key: str):
+    return _rounded_mean([r[key] for r in rows if r.get(key, "") != ""])
 
 
 def summarise(results: list[dict]) -> list[dict]:
