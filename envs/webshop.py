@@ -80,6 +80,19 @@ def hurried_action(expert_action: str, admissible: list[str]) -> str:
     return expert_action
 
 
+def dawdling_action(expert_action: str, admissible: list[str], rng: random.Random, prob: float) -> str:
+    """What a dawdling shopper does where the expert would take `expert_action`: on an item page, with
+    probability `prob` (drawn from rng at each such turn), it opens one of the product's Description, Features or
+    Reviews pages instead (and goes back from it, as the expert does on a sub-page); anywhere else it acts as the
+    expert. Each visit costs two of the episode's turns, so a dawdler often runs out of turns before it buys:
+    a habit that is one choice on one kind of page, which a process reward that pays on item pages and at the
+    purchase reveals in every episode, and the outcome only in the rare success (`bc_dawdle_prob` in
+    tiny_models/build.py, docs/results.md's probe 9)."""
+    if "click[buy now]" in admissible and rng.random() < prob:
+        return rng.choice(["click[description]", "click[features]", "click[reviews]"])
+    return expert_action
+
+
 def careless_action(env: WebShopEnv, rng: random.Random, pick: str = "random") -> str:
     """What a careless shopper does in `env`'s current state: on a results page it opens a product listed there,
     at random (rng) or, with pick="last", always the last one, instead of one that solves the goal; on an item page it chooses the goal's options that this

@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 
@@ -477,3 +478,49 @@ def test_build_command_prints_the_committed_folder_without_building(repo_root, t
     path = tiny_build.build_tiny("alfworld", "small", 1, cache_dir=str(tmp_path))
     assert out.splitlines() == [str(path)] and path.parent == tiny_build.COMMITTED_TINY_DIR
     assert not any(tmp_path.iterdir())  # nothing was built
+
+
+def test_dawdling_demonstrations_visit_sub_pages_and_run_out_of_turns():
+    """WebShop's dawdler opens a sub-page on an item page with its probability and otherwise acts as the expert;
+    in collect_expert_turns it only inserts (sub-page, < prev) pairs into the expert's episodes, the same ones on
+    every call, and at 0.85 most episodes end at the 15-turn limit without a purchase."""
+    from envs import webshop
+
+    item = ["click[back to search]", "click[< prev]", "click[description]", "click[buy now]", "click[gray]"]
+    rng = random.Random(0)
+    assert all(webshop.dawdling_action("click[gray]", item, rng, 0.0) == "click[gray]" for _ in range(50))
+    visits = [webshop.dawdling_action("click[gray]", item, rng, 1.0) for _ in range(50)]
+    assert set(visits) == {"click[description]", "click[features]", "click[reviews]"}
+    results = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]"]
+    assert webshop.dawdling_action("click[b02wtyj3tv]", results, rng, 1.0) == "click[b02wtyj3tv]"
+
+    seeds = list(webshop.split_seeds("train", 100))
+    expert = tiny_build.collect_expert_turns("webshop", "small", seeds)
+    dawdled = tiny_build.collect_expert_turns("webshop", "small", seeds, dawdle_prob=0.85)
+    assert dawdled == tiny_build.collect_expert_turns("webshop", "small", seeds, dawdle_prob=0.85)
+
+    def episodes(turns):
+        out = []
+        for turn in turns:
+            if not out or out[-1][-1][0] != turn[0]:
+                out.append([])
+            out[-1].append(turn)
+        return out
+
+    exp_eps, daw_eps = episodes(expert), episodes(dawdled)
+    assert len(exp_eps) == len(daw_eps) == len(seeds)
+    truncated = 0
+    for e, d in zip(exp_eps, daw_eps):
+        actions = [t[4] for t in d]
+        pruned = []  # the dawdled episode with its sub-page visits (and the < prev that ends each) taken out
+        for i, a in enumerate(actions):
+            if a in ("click[description]", "click[features]", "click[reviews]"):
+                assert actions[i + 1 : i + 2] in ([], ["click[< prev]"])
+            elif not (a == "click[< prev]" and i > 0 and actions[i - 1].endswith(("ription]", "atures]", "views]"))):
+                pruned.append(a)
+        expert_actions = [t[4] for t in e]
+        assert pruned == expert_actions[: len(pruned)]
+        if pruned != expert_actions:
+            assert len(actions) == 15 and "click[buy now]" not in actions
+            truncated += 1
+    assert 0.5 < truncated / len(seeds) < 0.95

@@ -53,6 +53,8 @@ TINY_CONFIG = {
     "bc_careless_share": 0.0,
     # (optional) "bc_careless_pick": the product the careless demonstrator opens on a results page, "random" (any
     # listed one, when the key is absent, so the committed models' hashes stand) or "last" (docs/results.md's probe)
+    # (optional) "bc_dawdle_prob": the chance per item-page turn, in every episode, that the demonstrator opens a
+    # sub-page instead (the env's `dawdling_action`; 0 when the key is absent)
     "bc_batch_size": 16,
     "bc_learning_rate": 3e-3,
     "bc_warmup_steps": 10,
@@ -206,6 +208,7 @@ def collect_expert_turns(
     hurried_share: float = 0.0,
     careless_share: float = 0.0,
     careless_pick: str = "random",
+    dawdle_prob: float = 0.0,
 ) -> list[tuple[str, str, list, list[str], str]]:
     """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
 
@@ -215,16 +218,20 @@ def collect_expert_turns(
     careless_share: likewise for the env's `careless_action(env, rng)` (drawn independently of the hurried share;
     `hurried_action` then applies to what the careless player does), whose random choices come from a generator
     seeded by the episode's seed; careless_pick ("random" or "last") is the product it opens on a results page.
+    dawdle_prob: in every episode, the chance per item-page turn that the env's `dawdling_action` opens a
+    sub-page instead (applied after the others; 0: never).
     """
     module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
     careless = module.careless_action if careless_share > 0 else None
+    dawdling = getattr(module, "dawdling_action", None) if dawdle_prob > 0 else None
     env = module.make_env(backend="embedded", preset=preset)
     turns = []
     for seed in seeds:
         sloppy = careless is not None and random.Random(f"careless-{seed}").random() < careless_share
         rushed = hurried is not None and random.Random(f"hurried-{seed}").random() < hurried_share
         rng = random.Random(f"careless-choices-{seed}")
+        dawdle_rng = random.Random(f"dawdle-{seed}")
         obs, info = env.reset(seed)
         history: list[tuple[str, str]] = []
         done = False
@@ -232,6 +239,8 @@ def collect_expert_turns(
             action = careless(env, rng, careless_pick) if sloppy else info["expert_action"]
             if rushed:
                 action = hurried(action, info["admissible_actions"])
+            if dawdling is not None:
+                action = dawdling(action, info["admissible_actions"], dawdle_rng, dawdle_prob)
             turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
             history.append((obs, action))
             obs, _, done, info = env.step(action)
@@ -385,6 +394,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
         cfg["bc_hurried_share"],
         cfg["bc_careless_share"],
         cfg.get("bc_careless_pick", "random"),
+        cfg.get("bc_dawdle_prob", 0.0),
     )
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
     prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
