@@ -890,7 +890,7 @@ def evaluate(model, generator, tokenizer, make_envs, seeds, args, iteration, *, 
     metrics = {"eval/success_rate": success, "eval/success_ci95": success_ci}
     for task_type in sorted({t.task_type for t in trajs if t.task_type}):
         metrics[f"eval/success_{task_type}"] = float(np.mean([t.won for t in trajs if t.task_type == task_type]))
-    print(f"iter {iteration}: eval ({args.eval_split}) success {success:.3f}")
+    print(f"iter {iteration}: eval ({args.eval_split}) success {success:.3f} +- {success_ci:.3f} ({len(trajs)} tasks)")
     return metrics
 
 
