@@ -76,8 +76,10 @@ SPLIT_BASES = {"train": 0, "valid_seen": 1_000_000, "valid_unseen": 2_000_000}
 SPLIT_SIZE = 1_000_000
 TINY_ANSWER_BY_NUMBER = None  # the tiny model answers every ALFWorld command with its text
 TINY_TOKENS = ()  # no markup that the tiny model's tokenizer should keep whole
-hurried_action = None  # the tiny model's warm start imitates the expert alone (no hurried or careless episodes)
+# the tiny model's warm start imitates the expert alone (no hurried, careless or dawdling episodes)
+hurried_action = None
 careless_action = None
+dawdling_action = None
 INVALID_PENALTY = -0.1
 VISIT_BONUS = 0.1
 MILESTONE_BONUS = 1.0

@@ -66,6 +66,7 @@ TINY_TOKENS = (" [SEP]",)
 # goal's options (see WebShopEnv).
 PROCESS_REWARDS = ("aligned", "misaligned")
 _NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "click[next >]")
+SUB_PAGE_CLICKS = ("click[description]", "click[features]", "click[reviews]")  # an item page's sub-pages
 
 
 def hurried_action(expert_action: str, admissible: list[str]) -> str:
@@ -89,7 +90,7 @@ def dawdling_action(expert_action: str, admissible: list[str], rng: random.Rando
     purchase reveals in every episode, and the outcome only in the rare success (`bc_dawdle_prob` in
     tiny_models/build.py, docs/results.md's probe 9)."""
     if "click[buy now]" in admissible and rng.random() < prob:
-        return rng.choice(["click[description]", "click[features]", "click[reviews]"])
+        return rng.choice(SUB_PAGE_CLICKS)
     return expert_action
 
 

@@ -259,13 +259,12 @@ def test_tiny_expert_answers_product_codes_by_number():
 
 
 def _webshop_episodes(turns):
-    """collect_expert_turns' WebShop turns cut into episodes (each ends with its purchase)."""
-    out, current = [], []
+    """collect_expert_turns' WebShop turns cut into episodes: each starts at a turn with no history."""
+    out = []
     for turn in turns:
-        current.append(turn)
-        if turn[4] == "click[buy now]":
-            out.append(current)
-            current = []
+        if not turn[2]:
+            out.append([])
+        out[-1].append(turn)
     return out
 
 
@@ -293,6 +292,7 @@ def test_hurried_demonstrations_buy_without_options_in_their_share_of_episodes()
     # every episode ends with a purchase; a hurried one buys right after opening a product that has options
     exp_eps, mixed_eps = episodes(expert), episodes(mixed)
     assert len(exp_eps) == len(mixed_eps) == len(seeds)
+    assert all(ep[-1][4] == "click[buy now]" for ep in exp_eps + mixed_eps)
     changed = [i for i, (a, b) in enumerate(zip(exp_eps, mixed_eps)) if a != b]
     assert 0.2 < len(changed) / len(seeds) < 0.4
     for i in changed:
@@ -363,6 +363,7 @@ def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
 
     mixed_eps, expert_eps = episodes(mixed), episodes(expert)
     assert len(mixed_eps) == len(expert_eps) == len(seeds)
+    assert all(ep[-1] == "click[buy now]" for ep in mixed_eps + expert_eps)
     changed = [i for i, (a, b) in enumerate(zip(mixed_eps, expert_eps)) if a != b]
     assert 0.3 < len(changed) / len(seeds) < 0.55  # careless episodes whose random pick is not the expert's
     failed = 0
@@ -378,7 +379,7 @@ def test_careless_demonstrations_open_a_random_result_and_choose_its_options():
     assert failed > 0.5 * len(changed)
     # careless and hurried: a random product bought at once
     both = episodes(tiny_build.collect_expert_turns("webshop", "small", seeds, hurried_share=1.0, careless_share=1.0))
-    assert all(len(ep) == 3 for ep in both)
+    assert all(len(ep) == 3 and ep[-1] == "click[buy now]" for ep in both)
 
 
 def test_response_loss_equals_the_full_head_loss(small_tokenizer):
@@ -490,7 +491,7 @@ def test_dawdling_demonstrations_visit_sub_pages_and_run_out_of_turns():
     rng = random.Random(0)
     assert all(webshop.dawdling_action("click[gray]", item, rng, 0.0) == "click[gray]" for _ in range(50))
     visits = [webshop.dawdling_action("click[gray]", item, rng, 1.0) for _ in range(50)]
-    assert set(visits) == {"click[description]", "click[features]", "click[reviews]"}
+    assert set(visits) == {"click[description]", "click[features]", "click[reviews]"} == set(webshop.SUB_PAGE_CLICKS)
     results = ["click[back to search]", "click[next >]", "click[b02wtyj3tv]"]
     assert webshop.dawdling_action("click[b02wtyj3tv]", results, rng, 1.0) == "click[b02wtyj3tv]"
 
@@ -499,24 +500,16 @@ def test_dawdling_demonstrations_visit_sub_pages_and_run_out_of_turns():
     dawdled = tiny_build.collect_expert_turns("webshop", "small", seeds, dawdle_prob=0.85)
     assert dawdled == tiny_build.collect_expert_turns("webshop", "small", seeds, dawdle_prob=0.85)
 
-    def episodes(turns):
-        out = []
-        for turn in turns:
-            if not out or out[-1][-1][0] != turn[0]:
-                out.append([])
-            out[-1].append(turn)
-        return out
-
-    exp_eps, daw_eps = episodes(expert), episodes(dawdled)
+    exp_eps, daw_eps = _webshop_episodes(expert), _webshop_episodes(dawdled)
     assert len(exp_eps) == len(daw_eps) == len(seeds)
     truncated = 0
     for e, d in zip(exp_eps, daw_eps):
         actions = [t[4] for t in d]
         pruned = []  # the dawdled episode with its sub-page visits (and the < prev that ends each) taken out
         for i, a in enumerate(actions):
-            if a in ("click[description]", "click[features]", "click[reviews]"):
+            if a in webshop.SUB_PAGE_CLICKS:
                 assert actions[i + 1 : i + 2] in ([], ["click[< prev]"])
-            elif not (a == "click[< prev]" and i > 0 and actions[i - 1].endswith(("ription]", "atures]", "views]"))):
+            elif not (a == "click[< prev]" and i > 0 and actions[i - 1] in webshop.SUB_PAGE_CLICKS):
                 pruned.append(a)
         expert_actions = [t[4] for t in e]
         assert pruned == expert_actions[: len(pruned)]

@@ -224,7 +224,7 @@ def collect_expert_turns(
     module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
     careless = module.careless_action if careless_share > 0 else None
-    dawdling = getattr(module, "dawdling_action", None) if dawdle_prob > 0 else None
+    dawdling = module.dawdling_action if dawdle_prob > 0 else None
     env = module.make_env(backend="embedded", preset=preset)
     turns = []
     for seed in seeds:
