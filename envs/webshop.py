@@ -96,11 +96,11 @@ def dawdling_action(expert_action: str, admissible: list[str], rng: random.Rando
 
 def careless_action(env: WebShopEnv, rng: random.Random, pick: str = "random") -> str:
     """What a careless shopper does in `env`'s current state: on a results page it opens a product listed there,
-    at random (rng) or, with pick="last", always the last one, instead of one that solves the goal; on an item page it chooses the goal's options that this
-    product offers, then buys (whatever the product); anywhere else (the search page) it acts as the expert. The
-    tiny model's warm start imitates this shopper in a share of its episodes (`bc_careless_share` in
-    tiny_models/build.py), so it starts poor at *finding* the product, the part of the task that the misaligned
-    process reward pays for."""
+    at random (rng) or, with pick="last", always the last one, instead of one that solves the goal; on an item
+    page it chooses the goal's options that this product offers, then buys (whatever the product); anywhere else
+    (the search page) it acts as the expert. The tiny model's warm start imitates this shopper in a share of its
+    episodes (`bc_careless_share` and `bc_careless_pick` in tiny_models/build.py), so it starts poor at *finding*
+    the product, the part of the task that the misaligned process reward pays for."""
     if env.page == "item":
         for name, value in env._goal_options_offered(env.item).items():
             if env.options.get(name) != value:
