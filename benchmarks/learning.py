@@ -383,7 +383,7 @@ def main() -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="short check (under 10 minutes): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
+        help="short check (3.5 minutes on 2 cores, docs/benchmarks.md): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
     )
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument(
