@@ -97,8 +97,11 @@ def barrier() -> None:
 
 
 def close() -> None:
-    """Leave the process group (at the end of a script)."""
+    """Leave the process group at the end of a script, once every rank has got there. A rank that exits with its
+    group alive while rank 0 still writes the run folder can abort at exit ("terminate called without an active
+    exception"), which fails the whole torchrun."""
     if active():
+        dist.barrier()
         dist.destroy_process_group()
 
 

@@ -57,7 +57,8 @@ def full(t: torch.Tensor) -> torch.Tensor:
 # that ranks run different numbers of them and pad). On 2 ranks each plays its tasks' trajectories.
 SCRIPTS = {"grpo": "rspo_grpo_webshop.py", "gigpo": "rspo_gigpo.py", "ppo": "rspo_ppo_alfworld.py"}
 ENV = {"grpo": "webshop", "gigpo": "webshop", "ppo": "alfworld"}
-TASKS = [0, 1, 2]
+# the tasks of each env's batch (on WebShop's tasks 0-2 the model's two rollouts are alike: all-zero advantages)
+TASKS = {"webshop": [3, 4, 5], "alfworld": [0, 1, 2]}
 
 
 def load_script(name: str):
@@ -73,15 +74,16 @@ def script_args(name: str, module):
 
 
 def play(name: str, module, args, policy, tokenizer) -> list:
-    """The batch: len(TASKS) tasks x 2 rollouts of the policy (unsharded, one process)."""
+    """The batch: 3 tasks x 2 rollouts of the policy (unsharded, one process)."""
+    tasks = TASKS[ENV[name]]
     generator = generation.HFGenerator(tokenizer, max_new_tokens=args.max_new_tokens)
-    envs = cenvs.LockstepEnvs(ENV[name], 2 * len(TASKS), preset="small", max_steps=args.max_steps)
+    envs = cenvs.LockstepEnvs(ENV[name], 2 * len(tasks), preset="small", max_steps=args.max_steps)
     kw = dict(sampler="policy", iteration=1, temperature=1.0, autocast=contextlib.nullcontext)
     if name == "grpo":
-        return module.rollout(policy, generator, envs, TASKS, 2, args, **kw)[0]
+        return module.rollout(policy, generator, envs, tasks, 2, args, **kw)[0]
     if name == "gigpo":
-        return module.rollout(policy, generator, tokenizer, envs, TASKS, 2, args, **kw)[0]
-    return module.rollout(policy, generator, tokenizer, envs, TASKS, 2, args, metrics={}, **kw)
+        return module.rollout(policy, generator, tokenizer, envs, tasks, 2, args, **kw)[0]
+    return module.rollout(policy, generator, tokenizer, envs, tasks, 2, args, metrics={}, **kw)
 
 
 def train(name: str, module, args, trajectories, policy, tokenizer) -> dict:
@@ -139,7 +141,7 @@ def scripts_distributed(out_dir: pathlib.Path) -> None:
         module = load_script(name)
         args = script_args(name, module)
         single = torch.load(out_dir / f"{name}_single.pt", weights_only=False)
-        mine = distributed.split(TASKS)
+        mine = distributed.split(TASKS[ENV[name]])
         index = [i for i, t in enumerate(single["trajectories"]) if t.task_seed in mine]
         policy, tokenizer = models.load_model("tiny", env_name=ENV[name])
         result = train(name, module, args, [single["trajectories"][i] for i in index], policy, tokenizer)
