@@ -53,7 +53,7 @@ TINY_CONFIG = {
     # of the hurried share (a careless and hurried episode opens a random product and buys it at once)
     "bc_careless_share": 0.0,
     # (optional) "bc_careless_pick": the product the careless demonstrator opens on a results page, "random" (any
-    # listed one, when the key is absent, so the committed models' hashes stand) or "last" (docs/results.md's probe)
+    # listed one, when the key is absent, so the committed ALFWorld model's hash stands) or "last" (WebShop's default)
     # (optional) "bc_dawdle_prob": the chance per item-page turn, in every episode, that the demonstrator opens a
     # sub-page instead (the env's `dawdling_action`; 0 when the key is absent)
     "bc_batch_size": 16,
