@@ -605,7 +605,7 @@ class World:
                 if self.location is None or kind_of(self.location) != appliance:
                     return f"go to {next(r for r in lay.receptacles if kind_of(r) == appliance)}"
                 return f"{verb} {held} with {self.location}"
-            return self._deliver(held, goal_r)
+            return self.deliver_action(held, goal_r)
         if held is not None:
             return self._put_away(held)
         # Objects still to bring: not yet in the chosen goal receptacle with the required state.
@@ -629,7 +629,7 @@ class World:
             return f"open {r}"
         return f"take {o} from {r}"
 
-    def _deliver(self, o: str, r: str) -> str:
+    def deliver_action(self, o: str, r: str) -> str:
         if self.location != r:
             return f"go to {r}"
         if not self.visible(r):
@@ -643,8 +643,8 @@ class World:
         fits = [r for r in lay.receptacles if kind_of(o) in CAN_CONTAIN[kind_of(r)]]
         fits = [r for r in fits if kind_of(r) != lay.recep_kind] or fits
         if self.location in fits:
-            return self._deliver(o, self.location)
-        return self._deliver(o, fits[0])
+            return self.deliver_action(o, self.location)
+        return self.deliver_action(o, fits[0])
 
     # ---- process reward milestones ---------------------------------------------------------------------------
     def milestones(self, state_blind: bool = False) -> set[str]:

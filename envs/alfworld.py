@@ -43,10 +43,12 @@ import glob
 import importlib.util
 import json
 import os
+import random
 import re
 
 from envs._alfworld_world import (
     APPLIANCE,
+    CAN_CONTAIN,
     GOAL_TEMPLATES,
     HELP_TEXT,
     NOTHING_HAPPENS,
@@ -76,10 +78,7 @@ SPLIT_BASES = {"train": 0, "valid_seen": 1_000_000, "valid_unseen": 2_000_000}
 SPLIT_SIZE = 1_000_000
 TINY_ANSWER_BY_NUMBER = None  # the tiny model answers every ALFWorld command with its text
 TINY_TOKENS = ()  # no markup that the tiny model's tokenizer should keep whole
-# the tiny model's warm start imitates the expert alone (no hurried, careless or dawdling episodes)
-hurried_action = None
-careless_action = None
-dawdling_action = None
+dawdling_action = None  # no dawdling habit in ALFWorld (see hurried_action and careless_action below)
 INVALID_PENALTY = -0.1
 VISIT_BONUS = 0.1
 MILESTONE_BONUS = 1.0
@@ -213,6 +212,65 @@ class AlfWorldEnv:
             "truncated": truncated,
             "room": w.layout.room,
         }
+
+
+def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") -> str:
+    """What a careless agent does in `env`'s current state. It does not know where things are: it goes to a
+    receptacle chosen at random (rng) among those that can hold the target object (never one of the goal's type,
+    never the one it stands at), opens it if it is closed, and takes a target object once it sees one (the expert
+    goes straight to it). Holding it (cleaned, heated or cooled first, as the expert does, where the task asks), it
+    puts it in the wrong place: the last listed receptacle that can hold it and is neither of the goal's type nor
+    the lamp's, where it finds it again, takes it and puts it back, until the turns run out; where no such place
+    exists it acts as the expert. So it fails every task where it can fail, by a habit that the process reward's
+    placement and lamp milestones reveal. The tiny model's warm start imitates it in a share of its episodes
+    (`bc_careless_share` in tiny_models/build.py), so it starts a searcher that seldom puts things where they
+    belong. `pick` is WebShop's option and has no effect here."""
+    w = env.world
+    if w is None:
+        raise RuntimeError("call reset(seed) first")
+    lay = w.layout
+    held, here = w.holding, w.location
+    if w.won():
+        return "look"
+    if held is not None and kind_of(held) != lay.obj_kind:
+        return w.expert_action()  # puts a wrong object away
+    if held is not None:
+        if not w.has_state(held):
+            return w.expert_action()  # to the appliance
+        lamp_at = {w.where[o] for o in lay.toggleable}
+        wrong = [
+            r
+            for r in lay.receptacles
+            if lay.obj_kind in CAN_CONTAIN[kind_of(r)]
+            and kind_of(r) not in (lay.recep_kind, APPLIANCE.get(lay.task_type, ("",))[0])
+            and r not in lamp_at
+        ]
+        return w.deliver_action(held, wrong[-1]) if wrong else w.expert_action()
+    if here is not None and kind_of(here) != lay.recep_kind:
+        if not w.visible(here):
+            return f"open {here}"
+        targets = [o for o in w.contents[here] if kind_of(o) == lay.obj_kind]
+        if targets:
+            return f"take {targets[0]} from {here}"
+    spots = [r for r in lay.receptacles if lay.obj_kind in CAN_CONTAIN[kind_of(r)] and kind_of(r) != lay.recep_kind]
+    spots = [r for r in spots if r != here]
+    return f"go to {rng.choice(spots)}" if spots else "look"
+
+
+def hurried_action(expert_action: str, admissible: list[str], env: AlfWorldEnv | None = None) -> str:
+    """What a hurried agent does where the expert would take `expert_action` in `env`: holding a target object
+    that the task wants cleaned, heated or cooled, it skips the appliance and carries the object straight to a
+    goal receptacle (a failure that the misaligned process reward pays as much as the expert's success); anywhere
+    else it acts as the expert. The tiny model's warm start imitates it in a share of its episodes
+    (`bc_hurried_share` in tiny_models/build.py)."""
+    w = env.world if env is not None else None
+    if w is None or w.layout.task_type not in APPLIANCE:
+        return expert_action
+    held = w.holding
+    if held is None or kind_of(held) != w.layout.obj_kind or w.has_state(held):
+        return expert_action
+    goal = next(r for r in w.layout.receptacles if kind_of(r) == w.layout.recep_kind)
+    return w.deliver_action(held, goal)
 
 
 def export_game(seed: int, preset: str = "small", task_types: tuple[str, ...] | None = None) -> dict:

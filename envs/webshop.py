@@ -69,10 +69,10 @@ _NAVIGATION = ("click[buy now]", "click[< prev]", "click[back to search]", "clic
 SUB_PAGE_CLICKS = ("click[description]", "click[features]", "click[reviews]")  # an item page's sub-pages
 
 
-def hurried_action(expert_action: str, admissible: list[str]) -> str:
+def hurried_action(expert_action: str, admissible: list[str], env: WebShopEnv | None = None) -> str:
     """What a hurried shopper does where the expert would take `expert_action`: on an item page it buys at once
     instead of choosing an option (a purchase without the goal's options is not a success); anywhere else it
-    acts as the expert. The tiny model's warm start imitates this shopper in a share of its episodes
+    acts as the expert (the actions show an item page, so `env` is not needed). The tiny model's warm start imitates this shopper in a share of its episodes
     (`bc_hurried_share` in tiny_models/build.py), so it starts with a habit that only the outcome reveals, like an
     instruct model that buys before choosing the size."""
     on_item_page = "click[buy now]" in admissible

@@ -392,7 +392,7 @@ def _shortcut_episode(env, seed) -> tuple[float, bool]:
         action = info["expert_action"]
         hurrying = hurrying or action.split()[0] in ("clean", "heat", "cool")
         if hurrying:
-            action = "look" if w.holding is None else w._deliver(w.holding, goal_r)
+            action = "look" if w.holding is None else w.deliver_action(w.holding, goal_r)
         _, _, done, info = env.step(action)
         total += info["process_reward"]
     return total, bool(info["won"])
@@ -433,3 +433,98 @@ def test_process_reward_variants_with_scripted_agents(process_reward):
 def test_misaligned_process_reward_is_refused_by_name():
     with pytest.raises(ValueError, match="process_reward"):
         alfworld.make_env(process_reward="dense")
+
+
+def _careless_episode(env, seed, *, hurried: bool = False) -> tuple[list[str], float, bool, set[str]]:
+    """One episode of the careless agent (with the hurried one's habit on top): (actions, process return, won,
+    milestones reached)."""
+    _, info = env.reset(seed)
+    rng = random.Random(seed)
+    actions, total, done = [], 0.0, False
+    while not done:
+        action = alfworld.careless_action(env, rng)
+        if hurried:
+            action = alfworld.hurried_action(action, info["admissible_actions"], env)
+        assert action in info["admissible_actions"]
+        actions.append(action)
+        _, _, done, info = env.step(action)
+        total += info["process_reward"]
+    return actions, total, bool(info["won"]), set(env._ep.reached)
+
+
+def test_careless_agent_searches_at_random_and_puts_the_object_in_the_wrong_place():
+    """The warm start's careless ALFWorld agent (tiny_models/build.py): it does not know where the object is, so
+    its first move is not always the expert's; it finds and takes a target object in almost every game of 15 turns;
+    it never puts one in a goal receptacle where another receptacle can hold it, so it almost never succeeds; and
+    the misaligned process reward pays the expert clearly more than it (the placement milestone)."""
+    env = alfworld.make_env(max_steps=15, process_reward="misaligned")
+    seeds = alfworld.split_seeds("train", 200)
+    first_differs = 0
+    careless, expert = [], []
+    for seed in seeds:
+        _, info = env.reset(seed)
+        first = info["expert_action"]
+        actions, total, won, reached = _careless_episode(env, seed)
+        first_differs += actions[0] != first
+        careless.append((total, won, "in_hand" in reached))
+        assert actions == _careless_episode(env, seed)[0]  # its random choices come from its rng alone
+        lay = alfworld.layout_of(env)
+        if lay.task_type != "look_at_obj_in_light":
+            for a in actions:
+                if a.startswith("move ") and kind_of(a.split()[1]) == lay.obj_kind:
+                    assert kind_of(a.rsplit(" to ", 1)[1].rsplit(" ", 1)[0]) != lay.recep_kind or won
+        expert.append(_episode_return(env, seed, lambda info, rng: info["expert_action"])[0])
+    assert first_differs > 0.3 * len(seeds)
+    assert sum(h for _, _, h in careless) >= 0.9 * len(seeds)
+    assert sum(w for _, w, _ in careless) <= 0.05 * len(seeds)
+    assert sum(expert) / len(seeds) >= sum(t for t, _, _ in careless) / len(seeds) + 0.5
+
+
+def test_hurried_agent_skips_the_appliance_and_fails_for_it():
+    """The warm start's hurried ALFWorld agent: on clean / heat / cool tasks it never uses the appliance and fails
+    wherever the object lacks the state at the start, while the misaligned reward pays it within the appliance's
+    visit bonus of the expert; on the other task types it is the expert."""
+    env = alfworld.make_env(task_types=APPLIANCE_TASKS, process_reward="misaligned")
+    seeds = alfworld.split_seeds("train", 60)
+    for seed in seeds:
+        _, info = env.reset(seed)
+        lacks = not env.world.has_state(next(o for o in env.world.where if kind_of(o) == env.world.layout.obj_kind))
+        total, won, done, verbs = 0.0, False, False, set()
+        while not done:
+            action = alfworld.hurried_action(info["expert_action"], info["admissible_actions"], env)
+            verbs.add(action.split()[0])
+            _, _, done, info = env.step(action)
+            total += info["process_reward"]
+        expert, _ = _episode_return(env, seed, lambda info, rng: info["expert_action"])
+        assert not verbs & {"clean", "heat", "cool"}
+        assert won is False or not lacks
+        assert total >= expert - 0.1 - 1e-9
+    other = alfworld.make_env(task_types=("pick_and_place_simple", "look_at_obj_in_light"))
+    for seed in seeds[:20]:
+        _, info = other.reset(seed)
+        assert alfworld.hurried_action(info["expert_action"], info["admissible_actions"], other) == info["expert_action"]
+    assert alfworld.hurried_action("go to sinkbasin 1", ["go to sinkbasin 1"]) == "go to sinkbasin 1"  # no env
+
+
+def test_warm_start_data_mixes_the_careless_and_hurried_agents_in_their_shares():
+    """collect_expert_turns with ALFWorld's shares: the same turns on every call, games of at most 15 turns, and
+    the mixture solves about what its shares say (the expert 1.0, careless ~0, hurried fails clean and heat)."""
+    from tiny_models import build as tiny_build
+
+    cfg = tiny_build.tiny_config("alfworld")
+    seeds = list(alfworld.split_seeds("train", 200))
+    args = ("alfworld", "small", seeds, 0.5, 0.5, "random", 0.0, 15)
+    turns = tiny_build.collect_expert_turns(*args)
+    assert turns == tiny_build.collect_expert_turns(*args)
+    starts = [i for i, t in enumerate(turns) if not t[2]] + [len(turns)]
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(lengths) == len(seeds) and max(lengths) == 15
+    env = alfworld.make_env(max_steps=15)
+    won = []
+    for seed, a, b in zip(seeds, starts, starts[1:]):
+        env.reset(seed)
+        for t in turns[a:b]:
+            *_, info = env.step(t[4])
+        won.append(info["won"])
+    assert 0.3 < sum(won) / len(seeds) < 0.55  # half careless (fail); of the rest, hurried ones fail on a state task
+    assert cfg["bc_careless_share"] >= 0.5 and cfg["bc_episode_steps"] == 15

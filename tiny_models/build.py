@@ -64,6 +64,7 @@ TINY_CONFIG = {
     "bc_eval_every": 200,
     "bc_eval_tasks": 32,
     "bc_eval_temperature": 1.0,
+    # (optional) "bc_episode_steps": the turns of a demonstration or evaluation episode (absent: the env's default)
     "success_band": (0.10, 0.40),
 }
 # Per-env changes to TINY_CONFIG. WebShop: the paper's regime, where learning on the outcome is exploration-limited.
@@ -83,7 +84,17 @@ TINY_ENV_CONFIG = {
         "bc_eval_every": 3000,
         "bc_eval_tasks": 64,
         "success_band": (0.02, 0.10),
-    }
+    },
+    "alfworld": {
+        "bc_careless_share": 0.9,
+        "bc_hurried_share": 0.5,
+        "bc_max_steps": 3000,
+        "bc_threads": 1,
+        "bc_eval_every": 3000,
+        "bc_eval_tasks": 64,
+        "bc_episode_steps": 15,
+        "success_band": (0.02, 0.10),
+    },
 }
 
 
@@ -213,6 +224,7 @@ def collect_expert_turns(
     careless_share: float = 0.0,
     careless_pick: str = "random",
     dawdle_prob: float = 0.0,
+    max_steps: int | None = None,
 ) -> list[tuple[str, str, list, list[str], str]]:
     """Every turn of the embedded expert on `seeds`: (task, obs, history, admissible, expert_action).
 
@@ -223,13 +235,14 @@ def collect_expert_turns(
     `hurried_action` then applies to what the careless player does), whose random choices come from a generator
     seeded by the episode's seed; careless_pick ("random" or "last") is the product it opens on a results page.
     dawdle_prob: in every episode, the chance per item-page turn that the env's `dawdling_action` opens a
-    sub-page instead (applied after the others; 0: never).
+    sub-page instead (applied after the others; 0: never). max_steps: the turns of an episode (None: the env's
+    default).
     """
     module = cenvs.env_module(env_name)
     hurried = module.hurried_action if hurried_share > 0 else None
     careless = module.careless_action if careless_share > 0 else None
     dawdling = module.dawdling_action if dawdle_prob > 0 else None
-    env = module.make_env(backend="embedded", preset=preset)
+    env = module.make_env(backend="embedded", preset=preset, **({} if max_steps is None else {"max_steps": max_steps}))
     turns = []
     for seed in seeds:
         sloppy = careless is not None and random.Random(f"careless-{seed}").random() < careless_share
@@ -242,7 +255,7 @@ def collect_expert_turns(
         while not done:
             action = careless(env, rng, careless_pick) if sloppy else info["expert_action"]
             if rushed:
-                action = hurried(action, info["admissible_actions"])
+                action = hurried(action, info["admissible_actions"], env)
             if dawdling is not None:
                 action = dawdling(action, info["admissible_actions"], dawdle_rng, dawdle_prob)
             turns.append((info["task"], obs, list(history), list(info["admissible_actions"]), action))
@@ -271,12 +284,15 @@ def evaluate_success(
     history_len: int = 2,
     max_prompt_tokens: int = 512,
     max_new_tokens: int = 48,
+    max_steps: int | None = None,
 ) -> float:
-    """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each)."""
+    """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each), in
+    episodes of `max_steps` turns (None: the env's default)."""
     from common.generation import HFGenerator
 
     by_number = cenvs.env_module(env_name).TINY_ANSWER_BY_NUMBER
-    envs = cenvs.LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset)
+    options = {} if max_steps is None else {"max_steps": max_steps}
+    envs = cenvs.LockstepEnvs(env_name, len(seeds), backend="embedded", preset=preset, **options)
     generator = HFGenerator(tokenizer, max_new_tokens=max_new_tokens)
     obs, infos = envs.reset(seeds)
     histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
@@ -399,6 +415,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
         cfg["bc_careless_share"],
         cfg.get("bc_careless_pick", "random"),
         cfg.get("bc_dawdle_prob", 0.0),
+        cfg.get("bc_episode_steps"),
     )
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
     prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
@@ -432,6 +449,7 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
                 history_len=cfg["history_len"],
                 max_prompt_tokens=cfg["max_prompt_tokens"],
                 max_new_tokens=cfg["max_new_tokens"],
+                max_steps=cfg.get("bc_episode_steps"),
             )
 
         steps = behaviour_clone(
