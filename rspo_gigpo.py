@@ -960,7 +960,13 @@ if __name__ == "__main__":
             at_most_one=("gamma", "similarity_thresh"),
         )  # fmt: skip
         try:  # the evaluation goals exist (WebShop has 500 test goals)
-            cenvs.split_seeds(args.env, args.eval_split, args.num_eval_tasks, backend=args.env_backend)
+            cenvs.seed_pools(
+                args.env,
+                args.train_pool_size,
+                args.num_eval_tasks,
+                backend=args.env_backend,
+                eval_split=args.eval_split,
+            )
         except ValueError as e:
             raise run.BadInput(f"--eval-split {args.eval_split} --num-eval-tasks {args.num_eval_tasks}: {e}") from None
         models.check_model_name(args.model_name)

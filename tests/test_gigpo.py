@@ -492,6 +492,17 @@ def test_script_resume_and_eval_only(repo_root, script_env, swap_run):
     assert "eval success_rate" in proc.stdout
 
 
+@pytest.mark.parametrize("env", ["webshop", "alfworld"])
+def test_script_evaluates_on_the_validation_split(repo_root, script_env, tmp_path, env):
+    """--eval-split valid (training goals from 2,048 on, where defaults are chosen) is accepted on both envs."""
+    proc = _run_script(
+        repo_root, script_env, "--env", env, "--eval-only", "--eval-split", "valid", "--num-eval-tasks", "2",
+        "--runs-dir", str(tmp_path),
+    )  # fmt: skip
+    assert "eval success_rate" in proc.stdout
+    assert json.loads((_only_run(tmp_path) / "config.json").read_text())["args"]["eval_split"] == "valid"
+
+
 def test_rows_skip_empty_responses_and_keep_turn_indices():
     a, b = _traj(0, ["x", "y", "z"], False), gg.swap_rewards([_traj(0, ["x"], True, sampled_by="explorer")])[0]
     a.turns[1].response_ids, a.turns[1].behaviour_logprobs = [], []
