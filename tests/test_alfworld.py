@@ -502,7 +502,9 @@ def test_hurried_agent_skips_the_appliance_and_fails_for_it():
     other = alfworld.make_env(task_types=("pick_and_place_simple", "look_at_obj_in_light"))
     for seed in seeds[:20]:
         _, info = other.reset(seed)
-        assert alfworld.hurried_action(info["expert_action"], info["admissible_actions"], other) == info["expert_action"]
+        assert (
+            alfworld.hurried_action(info["expert_action"], info["admissible_actions"], other) == info["expert_action"]
+        )
     assert alfworld.hurried_action("go to sinkbasin 1", ["go to sinkbasin 1"]) == "go to sinkbasin 1"  # no env
 
 
