@@ -509,11 +509,11 @@ def test_hurried_agent_skips_the_appliance_and_fails_for_it():
 
 
 def test_warm_start_data_mixes_the_careless_and_hurried_agents_in_their_shares():
-    """collect_expert_turns with ALFWorld's shares: the same turns on every call, games of at most 15 turns, and
-    the mixture solves about what its shares say (the expert 1.0, careless ~0, hurried fails clean and heat)."""
+    """collect_expert_turns with ALFWorld's careless and hurried shares (probe 13's warm start, docs/results.md):
+    the same turns on every call, games of at most 15 turns, and the mixture solves about what its shares say (the
+    expert all, the careless agent almost nothing, the hurried one fails clean and heat tasks)."""
     from tiny_models import build as tiny_build
 
-    cfg = tiny_build.tiny_config("alfworld")
     seeds = list(alfworld.split_seeds("train", 200))
     args = ("alfworld", "small", seeds, 0.5, 0.5, "random", 0.0, 15)
     turns = tiny_build.collect_expert_turns(*args)
@@ -529,4 +529,3 @@ def test_warm_start_data_mixes_the_careless_and_hurried_agents_in_their_shares()
             *_, info = env.step(t[4])
         won.append(info["won"])
     assert 0.3 < sum(won) / len(seeds) < 0.55  # half careless (fail); of the rest, hurried ones fail on a state task
-    assert cfg["bc_careless_share"] >= 0.5 and cfg["bc_episode_steps"] == 15
