@@ -222,9 +222,9 @@ def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") 
     puts it in the wrong place: the last listed receptacle that can hold it and is neither of the goal's type nor
     the lamp's, where it finds it again, takes it and puts it back, until the turns run out; where no such place
     exists it acts as the expert. So it fails every task where it can fail, by a habit that the process reward's
-    placement and lamp milestones reveal. The tiny model's warm start imitates it in a share of its episodes
-    (`bc_careless_share` in tiny_models/build.py), so it starts a searcher that seldom puts things where they
-    belong. `pick` is WebShop's option and has no effect here."""
+    placement and lamp milestones reveal. A warm start with `bc_careless_share` > 0 (tiny_models/build.py)
+    imitates it in that share of its episodes: a searcher that seldom puts things where they belong (the default
+    ALFWorld warm start does not; docs/results.md, probe 13). `pick` is WebShop's option and has no effect here."""
     w = env.world
     if w is None:
         raise RuntimeError("call reset(seed) first")
@@ -261,8 +261,8 @@ def hurried_action(expert_action: str, admissible: list[str], env: AlfWorldEnv |
     """What a hurried agent does where the expert would take `expert_action` in `env`: holding a target object
     that the task wants cleaned, heated or cooled, it skips the appliance and carries the object straight to a
     goal receptacle (a failure that the misaligned process reward pays as much as the expert's success); anywhere
-    else it acts as the expert. The tiny model's warm start imitates it in a share of its episodes
-    (`bc_hurried_share` in tiny_models/build.py)."""
+    else it acts as the expert. A warm start with `bc_hurried_share` > 0 (tiny_models/build.py) imitates it in that
+    share of its episodes (probe 13's did; the default ALFWorld warm start does not)."""
     w = env.world if env is not None else None
     if w is None or w.layout.task_type not in APPLIANCE:
         return expert_action

@@ -72,9 +72,9 @@ SUB_PAGE_CLICKS = ("click[description]", "click[features]", "click[reviews]")  #
 def hurried_action(expert_action: str, admissible: list[str], env: WebShopEnv | None = None) -> str:
     """What a hurried shopper does where the expert would take `expert_action`: on an item page it buys at once
     instead of choosing an option (a purchase without the goal's options is not a success); anywhere else it
-    acts as the expert (the actions show an item page, so `env` is not needed). The tiny model's warm start imitates this shopper in a share of its episodes
-    (`bc_hurried_share` in tiny_models/build.py), so it starts with a habit that only the outcome reveals, like an
-    instruct model that buys before choosing the size."""
+    acts as the expert (the actions show an item page, so `env` is not needed). The tiny model's warm start
+    imitates this shopper in a share of its episodes (`bc_hurried_share` in tiny_models/build.py), so it starts with
+    a habit that only the outcome reveals, like an instruct model that buys before choosing the size."""
     on_item_page = "click[buy now]" in admissible
     if on_item_page and expert_action.startswith("click[") and expert_action not in _NAVIGATION:
         return "click[buy now]"
