@@ -17,15 +17,16 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 (mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each control, paired by seed: mean and
 95% interval), `learning.png` (held-out success vs environment steps, one panel per pair).
 
-    python benchmarks/learning.py                  # the whole table: 89 runs, 4,000 env steps each (see below)
+    python benchmarks/learning.py                  # the whole table: 86 runs, 4,000 env steps each (see below)
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (211 s, 2-core AMD EPYC)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
-The whole table takes about 2 h 36 min on 2 cores (2-core AMD EPYC, 2026-12-05: the summed run times of
-benchmarks/results/agent_b_grpo_webshop*, agent_b_alfworld, with GiGPO/WebShop taken to be as long as GRPO/WebShop
-because its own run was timed on a shared machine, halved for --jobs 2): over the 2.5 h it is meant to fit, which a
-budget of about 3,800 env steps per run would meet (a change that means rerunning every table).
+The whole table takes about 2 h 27 min on 2 cores (2-core AMD EPYC, 2026-12-05/06): the main variants of the four
+pairs took 2,521 s (GRPO/WebShop), 2,457 s (GiGPO/WebShop) and 2,934 s (both ALFWorld pairs), 2 h 12 min measured,
+two runs at a time (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop, agent_b_alfworld); the
+secondary variants' runs cost about what swap's and process's do there (351 s and 212 s each), so their 2 default
+seeds add about 15 min. Three secondary seeds (about 23 min) would take it past the 2.5 h it is meant to fit.
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
@@ -393,7 +394,7 @@ def main() -> None:
         action="append",
         help="run only this variant (repeatable; a probe, not the table)",
     )
-    p.add_argument("--secondary-seeds", type=int, default=3, help="seeds of the secondary variants")
+    p.add_argument("--secondary-seeds", type=int, default=2, help="seeds of the secondary variants")
     p.add_argument("--total-env-steps", type=int, default=4000, help="budget per run, explorer steps included")
     p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
     p.add_argument("--eval-every", type=int, default=10)
