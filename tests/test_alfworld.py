@@ -453,7 +453,7 @@ def _careless_episode(env, seed, *, hurried: bool = False) -> tuple[list[str], f
 
 
 def test_careless_agent_searches_at_random_and_puts_the_object_in_the_wrong_place():
-    """The warm start's careless ALFWorld agent (tiny_models/build.py): it does not know where the object is, so
+    """The careless ALFWorld agent (probe 13's warm start, docs/results.md): it does not know where the object is, so
     its first move is not always the expert's; it finds and takes a target object in almost every game of 15 turns;
     it never puts one in a goal receptacle where another receptacle can hold it, so it almost never succeeds; and
     the misaligned process reward pays the expert clearly more than it (the placement milestone)."""
@@ -481,9 +481,9 @@ def test_careless_agent_searches_at_random_and_puts_the_object_in_the_wrong_plac
 
 
 def test_hurried_agent_skips_the_appliance_and_fails_for_it():
-    """The warm start's hurried ALFWorld agent: on clean / heat / cool tasks it never uses the appliance and fails
-    wherever the object lacks the state at the start, while the misaligned reward pays it within the appliance's
-    visit bonus of the expert; on the other task types it is the expert."""
+    """The hurried ALFWorld agent (probe 13's warm start): on clean / heat / cool tasks it never uses the appliance
+    and fails wherever the object lacks the state at the start, while the misaligned reward pays it within the
+    appliance's visit bonus of the expert; on the other task types it is the expert."""
     env = alfworld.make_env(task_types=APPLIANCE_TASKS, process_reward="misaligned")
     seeds = alfworld.split_seeds("train", 60)
     for seed in seeds:
