@@ -959,8 +959,8 @@ if __name__ == "__main__":
             positive=("temperature", "max_grad_norm", "is_cap", "similarity_thresh"),
             at_most_one=("gamma", "similarity_thresh"),
         )  # fmt: skip
-        try:  # the evaluation goals exist (WebShop has 500 test goals)
-            cenvs.seed_pools(
+        try:  # the training and evaluation goals (the evaluation split exists; WebShop has 500 test goals)
+            train_pool, eval_seeds = cenvs.seed_pools(
                 args.env,
                 args.train_pool_size,
                 args.num_eval_tasks,
@@ -1022,10 +1022,6 @@ if __name__ == "__main__":
 
     def train(model, optimizer, rows: list[Row], epochs: int) -> dict[str, float]:
         return update(model, optimizer, rows, args, epochs=epochs, pad_id=pad_id, autocast=autocast)
-
-    train_pool, eval_seeds = cenvs.seed_pools(
-        args.env, args.train_pool_size, args.num_eval_tasks, backend=args.env_backend, eval_split=args.eval_split
-    )
 
     # Resume (save_checkpoint and load_checkpoint skip the explorer's None entries outside swap mode)
     start_iteration, env_steps = 1, 0
