@@ -1172,4 +1172,4 @@ if __name__ == "__main__":
         distributed.save_pretrained(logger.dir / "model", policy, tokenizer)  # torchrun: rank 0, the full weights
         distributed.save_state_dict(critic, logger.dir / "critic.pt")
     logger.close()
-    distributed.close()  # torchrun: every rank waits for rank 0's files, then leaves the process group
+    distributed.close()  # torchrun: every rank waits for rank 0's files, leaves the process group and exits

@@ -27,6 +27,7 @@ import functools
 import os
 import pathlib
 import shutil
+import sys
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -97,12 +98,20 @@ def barrier() -> None:
 
 
 def close() -> None:
-    """Leave the process group at the end of a script, once every rank has got there. A rank that exits with its
-    group alive while rank 0 still writes the run folder can abort at exit ("terminate called without an active
-    exception"), which fails the whole torchrun."""
+    """End a script under torchrun: once every rank has got here (rank 0 has written the run folder), leave the
+    process group and end this process at once, with exit code 0. Without torchrun, nothing.
+
+    Why end the process here: a torchrun rank that went on into the interpreter's normal shutdown aborted now and
+    then in CI ("terminate called without an active exception", SIGABRT), after its work was done and even after
+    destroy_process_group; torchrun then fails the whole run. That message is a C++ thread object destroyed while
+    its thread still runs, which happens in the native libraries' teardown, not in this code. Everything a rank
+    owns is written and closed by then, so os._exit skips only that teardown."""
     if active():
         dist.barrier()
         dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 # ---------------------------------------------------------------------------------------------------------------
