@@ -223,8 +223,10 @@ def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") 
     the lamp's, where it finds it again, takes it and puts it back, until the turns run out; where no such place
     exists it acts as the expert. So it fails every task where it can fail, by a habit that the process reward's
     placement and lamp milestones reveal. A warm start with `bc_careless_share` > 0 (tiny_models/build.py)
-    imitates it in that share of its episodes: a searcher that seldom puts things where they belong (the default
-    ALFWorld warm start does not; docs/results.md, probe 13). `pick` is WebShop's option and has no effect here."""
+    imitates it in that share of its episodes: a searcher that seldom puts things where they belong (docs/results.md,
+    probe 13). pick="goal" (`bc_careless_pick`) makes it a searcher that, once it holds the object, acts as the
+    expert (puts it where the goal asks): a player whose only lack is the expert's knowledge of where things lie,
+    which a model that sees one room can imitate (probe 14); any other `pick` (WebShop's option) is the wrong place."""
     w = env.world
     if w is None:
         raise RuntimeError("call reset(seed) first")
@@ -235,7 +237,7 @@ def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") 
     if held is not None and kind_of(held) != lay.obj_kind:
         return w.expert_action()  # puts a wrong object away
     if held is not None:
-        if not w.has_state(held):
+        if pick == "goal" or not w.has_state(held):
             return w.expert_action()  # to the appliance
         lamp_at = {w.where[o] for o in lay.toggleable}
         wrong = [

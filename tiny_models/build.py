@@ -65,6 +65,8 @@ TINY_CONFIG = {
     "bc_eval_tasks": 32,
     "bc_eval_temperature": 1.0,
     # (optional) "bc_episode_steps": the turns of a demonstration or evaluation episode (absent: the env's default)
+    # (optional) "bc_answer_by_number": True to answer every listed action by its number in the short prompt's list
+    # (the list still shows each action's text), instead of its text (absent: False)
     "success_band": (0.10, 0.40),
 }
 # Per-env changes to TINY_CONFIG. WebShop: the paper's regime, where learning on the outcome is exploration-limited.
@@ -255,11 +257,12 @@ def collect_expert_turns(
     return turns
 
 
-def tiny_expert_answer(env_module, action: str, admissible: list[str]) -> str:
+def tiny_expert_answer(env_module, action: str, admissible: list[str], every: bool = False) -> str:
     """What the tiny model learns to answer for the expert's `action`: its number in the short prompt's list
-    when the env names it in `TINY_ANSWER_BY_NUMBER` (WebShop's product codes), else the action's text."""
+    when the env names it in `TINY_ANSWER_BY_NUMBER` (WebShop's product codes), or when `every` (the config's
+    `bc_answer_by_number`) and it is listed; else the action's text."""
     pattern = env_module.TINY_ANSWER_BY_NUMBER
-    if pattern is not None and pattern.fullmatch(action) and action in admissible:
+    if action in admissible and (every or (pattern is not None and pattern.fullmatch(action))):
         return str(admissible.index(action) + 1)
     return action
 
@@ -410,7 +413,8 @@ def _build_tiny_into(folder: pathlib.Path, env_name: str, preset: str, seed: int
     )
     short = dict(history_len=cfg["history_len"], short=True, by_number=env.TINY_ANSWER_BY_NUMBER)
     prompts = [build_prompt(t, o, h, a, **short) for t, o, h, a, _ in turns]
-    responses = [format_response(tiny_expert_answer(env, action, a), short=True) for _, _, _, a, action in turns]
+    every = cfg.get("bc_answer_by_number", False)
+    responses = [format_response(tiny_expert_answer(env, action, a, every), short=True) for _, _, _, a, action in turns]
     tokenizer = train_tiny_tokenizer(corpus + prompts + responses, cfg["vocab_size"], env.TINY_TOKENS)
     tokenizer.model_max_length = cfg["max_position_embeddings"]
     model = _tiny_model(tokenizer, cfg, seed)
