@@ -98,15 +98,15 @@ def variant_flags(variant: str) -> list[str]:
 
 
 def jobs_for(
-    pairs: list[str], seeds: int, secondary_seeds: int, variants: list[str] | None = None
+    pairs: list[str], seeds: int, secondary_seeds: int, variants: list[str] | None = None, first_seed: int = 1
 ) -> list[tuple[str, str, int]]:
-    """(pair, variant, seed) of every run: the main variants on every pair and seed, the secondary ones on
-    SECONDARY_PAIRS with the first `secondary_seeds` seeds; only `variants` when given."""
+    """(pair, variant, seed) of every run: the main variants on every pair and on `seeds` seeds from `first_seed`,
+    the secondary ones on SECONDARY_PAIRS with the first `secondary_seeds` of those; only `variants` when given."""
     # Seed by seed, so that a table stopped early holds whole seeds of every variant.
-    jobs = [(pair, v, s) for s in range(1, seeds + 1) for pair in pairs for v in MAIN_VARIANTS]
+    jobs = [(pair, v, s) for s in range(first_seed, first_seed + seeds) for pair in pairs for v in MAIN_VARIANTS]
     jobs += [
         (pair, v, s)
-        for s in range(1, min(seeds, secondary_seeds) + 1)
+        for s in range(first_seed, first_seed + min(seeds, secondary_seeds))
         for pair in pairs
         if pair in SECONDARY_PAIRS
         for v in SECONDARY_VARIANTS
@@ -154,6 +154,19 @@ def paired_differences(results: list[dict]) -> list[dict]:
                 }
             )
     return rows
+
+
+def read_runs(path: pathlib.Path) -> list[dict]:
+    """The runs of an earlier table's learning.csv, as run_one returns them (without their curves)."""
+
+    def value(key: str, text: str):
+        if key in ("pair", "variant") or text == "":
+            return text
+        number = float(text)
+        return int(number) if key in ("seed", "env_steps") else number
+
+    with open(path, newline="") as f:
+        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -387,6 +400,15 @@ def main() -> None:
         help="short check (3.5 minutes on 2 cores, docs/benchmarks.md): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
     )
     p.add_argument("--seeds", type=int, default=5)
+    p.add_argument("--first-seed", type=int, default=1, help="the seeds are first-seed .. first-seed + seeds - 1")
+    p.add_argument(
+        "--add-runs",
+        type=pathlib.Path,
+        action="append",
+        default=[],
+        help="an earlier table's learning.csv (other seeds of the same setting, repeatable): its runs join this "
+        "table's CSVs and printed tables; the PNG shows this command's runs only",
+    )
     p.add_argument(
         "--variant",
         dest="variants",
@@ -420,7 +442,10 @@ def main() -> None:
         pairs = a.only or ["grpo_webshop", "ppo_alfworld"]
         seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
     a.out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds, a.variants)
+    jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds, a.variants, a.first_seed)
+    earlier = [r for path in a.add_runs for r in read_runs(path)]
+    if {(r["pair"], r["variant"], r["seed"]) for r in earlier} & set(jobs):
+        sys.exit("--add-runs: a run of those tables is also one of this command's (pair, variant, seed)")
     goals = "validation" if a.eval_split == "valid" else "held-out"
     print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} {goals} seeds, {a.jobs} in parallel")
     t0 = time.time()
@@ -448,7 +473,7 @@ def main() -> None:
             return
         with lock:
             results.append(r)
-            write_tables(results, a.out, suffix)
+            write_tables(earlier + results, a.out, suffix)
         print(f"{r['pair']:15s} {r['variant']:12s} seed {r['seed']}: success {r['success']:.3f} ({r['seconds']} s)")
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
@@ -456,8 +481,9 @@ def main() -> None:
     if not results:
         sys.exit("every run failed:\n" + "\n".join(failures))
     results.sort(key=lambda r: jobs.index((r["pair"], r["variant"], r["seed"])))
-    summary = write_tables(results, a.out, suffix)
     plot(results, a.out / f"learning{suffix}.png")
+    results = sorted(earlier + results, key=lambda r: (r["seed"], list(PAIRS).index(r["pair"])))
+    summary = write_tables(results, a.out, suffix)
     print(
         f"\n| pair | variant | {goals} success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
         "| sampled training success, first -> last 10 iterations | policy / agent B sampled, every iteration "

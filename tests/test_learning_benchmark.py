@@ -111,6 +111,19 @@ def test_tables_summarise_over_seeds(tmp_path):
     with open(tmp_path / "learning.csv") as f:
         rows = list(csv.DictReader(f))
     assert [r["seed"] for r in rows] == ["1", "2"] and "curve" not in rows[0]
+    # --add-runs: an earlier table's runs read back as they were written (without their curves), so the tables
+    # over both sets of seeds are the ones over all the runs at once
+    back = learning.read_runs(tmp_path / "learning.csv")
+    assert back == [{k: v for k, v in r.items() if k != "curve"} for r in results]
+    assert learning.summarise(back) == summary
+
+
+def test_later_seeds_extend_an_earlier_table():
+    """--first-seed 6 --seeds 5: seeds 6-10 of every variant, secondary variants on the first of them."""
+    jobs = learning.jobs_for(["grpo_webshop"], seeds=5, secondary_seeds=1, first_seed=6)
+    assert sorted({s for _, _, s in jobs}) == [6, 7, 8, 9, 10]
+    assert {s for _, v, s in jobs if v not in learning.MAIN_VARIANTS} == {6}
+    assert len([j for j in jobs if j[1] in learning.MAIN_VARIANTS]) == 4 * 5
 
 
 def test_script_flags_follow_the_benchmark_flags(tmp_path, monkeypatch):
