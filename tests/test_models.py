@@ -251,6 +251,10 @@ def test_tiny_expert_answers_product_codes_by_number():
     assert tiny_build.tiny_expert_answer(webshop, "click[hazelnut]", ["click[hazelnut]"]) == "click[hazelnut]"
     assert tiny_build.tiny_expert_answer(webshop, "search[red mug]", ["search[<query>]"]) == "search[red mug]"
     assert tiny_build.tiny_expert_answer(alfworld, "go to desk 1", ["look", "go to desk 1"]) == "go to desk 1"
+    # bc_answer_by_number: every listed action by its number; one that is not listed keeps its text
+    assert tiny_build.tiny_expert_answer(alfworld, "go to desk 1", ["look", "go to desk 1"], every=True) == "2"
+    assert tiny_build.tiny_expert_answer(webshop, "click[next >]", adm, every=True) == "2"
+    assert tiny_build.tiny_expert_answer(alfworld, "go to bed 1", ["look"], every=True) == "go to bed 1"
     # The short prompt's parser turns the number back into the expert's action.
     assert parse_action(format_response(tiny_build.tiny_expert_answer(webshop, adm[2], adm), short=True), adm) == (
         adm[2],
