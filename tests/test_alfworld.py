@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import pathlib
 import random
 import re
 import time
@@ -11,6 +12,7 @@ import pytest
 from envs import alfworld
 from envs._alfworld_world import CAN_CONTAIN, GOAL_TEMPLATES, ROOMS, TASK_TYPES, UNSEEN_EVERY, kind_of
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 HAS_ENGINE = all(importlib.util.find_spec(m) is not None for m in ("alfworld", "textworld", "fast_downward"))
 INFO_KEYS = {"process_reward", "won", "admissible_actions", "task", "task_type", "anchor", "expert_action", "truncated"}
 
@@ -553,3 +555,31 @@ def test_warm_start_data_mixes_the_careless_and_hurried_agents_in_their_shares()
             *_, info = env.step(t[4])
         won.append(info["won"])
     assert 0.3 < sum(won) / len(seeds) < 0.55  # half careless (fail); of the rest, hurried ones fail on a state task
+
+
+def test_action_benchmark_counts_every_turn_and_each_inadmissible_one(tiny_models):
+    """benchmarks/alfworld_actions.py (probe 14): every turn of every game is counted once, under the verb of its
+    action, and the share of inadmissible turns is the verbs' shares weighted by their turns; its VERBS are the
+    first words of every action the embedded games admit, so an action counted as "other" is never admissible."""
+    from common import envs as cenvs
+    from common import models
+
+    spec = importlib.util.spec_from_file_location("alfworld_actions", ROOT / "benchmarks" / "alfworld_actions.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    env = alfworld.make_env(max_steps=50)
+    first_words = set()
+    for seed in alfworld.split_seeds("train", 60):
+        _, info = env.reset(seed)
+        done = False
+        while not done:
+            first_words |= {a.split(" ")[0] for a in info["admissible_actions"]}
+            _, _, done, info = env.step(info["expert_action"])
+    assert first_words <= set(bench.VERBS)
+    model, tokenizer = models.load_model("tiny", env_name="alfworld")
+    seeds = cenvs.seed_pools("alfworld", 32, 4, eval_split="valid")[1]
+    r = bench.play(model, tokenizer, seeds, temperature=0.0)
+    turns = sum(n for n, _ in r["by_verb"].values())
+    assert 4 <= turns <= 4 * 15 and 0.0 <= r["success"] <= 1.0
+    assert r["inadmissible"] == pytest.approx(sum(n * share for n, share in r["by_verb"].values()) / turns)
+    assert set(r["by_verb"]) <= set(bench.VERBS) | {"other"} and r["by_verb"].get("other", (1, 1.0))[1] == 1.0

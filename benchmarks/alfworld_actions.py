@@ -1,0 +1,90 @@
+"""What a tiny ALFWorld model does on games it never saw: success, and how often it names an action that the game
+does not admit (which the env answers with "Nothing happens."), by the action's verb.
+
+    python benchmarks/alfworld_actions.py                       # the committed tiny model, greedy and sampled
+    python benchmarks/alfworld_actions.py --model <folder> --games 200
+
+Games: the first `--games` validation games (`--eval-split valid` of the scripts: training seeds from 2,048 on,
+never imitated or trained on), 15 turns each, played as the scripts play them (the short prompt, two turns of
+history), once greedily and once at temperature 1 (`--temperatures`). docs/results.md, probe 14.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from common import envs as cenvs  # noqa: E402
+from common import models  # noqa: E402
+from common.generation import HFGenerator  # noqa: E402
+from common.prompts import encode_prompt, parse_action  # noqa: E402
+from tiny_models import build as tiny_build  # noqa: E402
+
+# the first words of the admissible actions of the embedded ALFWorld (anything else, "other", is never admissible)
+VERBS = ("go", "take", "move", "open", "close", "use", "heat", "cool", "clean", "examine", "look", "inventory", "help")
+
+
+def play(model, tokenizer, seeds: list[int], temperature: float, max_steps: int = 15) -> dict:
+    """One episode per seed: {"success", "inadmissible": share of all turns, "by_verb": {verb: (turns, share)}}."""
+    cfg = tiny_build.tiny_config("alfworld")
+    envs = cenvs.LockstepEnvs("alfworld", len(seeds), backend="embedded", max_steps=max_steps)
+    generator = HFGenerator(tokenizer, max_new_tokens=cfg["max_new_tokens"])
+    obs, infos = envs.reset(seeds)
+    histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
+    won = [False] * len(seeds)
+    verbs: dict[str, list[bool]] = collections.defaultdict(list)  # verb -> [not admissible, ...] per turn
+    while any(envs.active):
+        live = [i for i, a in enumerate(envs.active) if a]
+        prompts = [
+            encode_prompt(
+                tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
+                history_len=cfg["history_len"], short=True, max_prompt_tokens=cfg["max_prompt_tokens"],
+            )
+            for i in live
+        ]  # fmt: skip
+        actions: list[str | None] = [None] * len(seeds)
+        for i, gen in zip(live, generator.generate(model, prompts, temperature=temperature)):
+            action, _ = parse_action(gen.text, infos[i]["admissible_actions"])
+            actions[i] = action
+            histories[i].append((obs[i], action))
+            verb = action.split(" ")[0] if action else ""
+            verbs[verb if verb in VERBS else "other"].append(action not in infos[i]["admissible_actions"])
+        obs, _, _, infos = envs.step(actions)
+        for i in live:
+            won[i] = won[i] or bool(infos[i].get("won"))
+    turns = [bad for v in verbs.values() for bad in v]
+    return {
+        "success": sum(won) / len(seeds),
+        "inadmissible": sum(turns) / len(turns),
+        "by_verb": {v: (len(b), sum(b) / len(b)) for v, b in sorted(verbs.items(), key=lambda kv: -len(kv[1]))},
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default="tiny", help="'tiny' (the committed ALFWorld model) or a model folder")
+    p.add_argument("--games", type=int, default=200)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model, tokenizer = models.load_model(a.model, env_name="alfworld")
+    model.eval()
+    _, seeds = cenvs.seed_pools("alfworld", 32, a.games, eval_split="valid")
+    for t in a.temperatures:
+        r = play(model, tokenizer, seeds, t)
+        verbs = ", ".join(f"{v} {share:.2f} of {n}" for v, (n, share) in r["by_verb"].items())
+        print(
+            f"temperature {t:g}: success {r['success']:.3f} on {len(seeds)} validation games; "
+            f"inadmissible actions {r['inadmissible']:.3f} of the turns ({verbs})"
+        )
+
+
+if __name__ == "__main__":
+    main()
