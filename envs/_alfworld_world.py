@@ -248,6 +248,12 @@ def kind_of(name: str) -> str:
     return name.rsplit(" ", 1)[0]
 
 
+def search_spots(receptacles: list[str], obj_kind: str, recep_kind: str) -> list[str]:
+    """The receptacles where a task's object may start: those that can hold it, except the goal's kind (so no task
+    is solved at reset). Also where an agent that does not know where things are looks for it."""
+    return [r for r in receptacles if obj_kind in CAN_CONTAIN[kind_of(r)] and kind_of(r) != recep_kind]
+
+
 def _id_prefix(kind: str) -> str:
     # The engine lists entities in the order of their PDDL ids; basins are ids like `sink_bar_..._bar_sinkbasin`.
     return {"sinkbasin": "sink", "bathtubbasin": "bathtub"}.get(kind, kind)
@@ -359,8 +365,7 @@ def _try_layout(rng, seed, room, plan, preset, size, task_type) -> Layout | None
         if not goals:
             return None
         recep_kind = rng.choice(goals)
-    # Start positions: never in a receptacle of the goal type, so no task is solved at reset.
-    starts = [r for r in receptacles if obj_kind in CAN_CONTAIN[kind_of(r)] and kind_of(r) != recep_kind]
+    starts = search_spots(receptacles, obj_kind, recep_kind)
     if not starts:
         return None
     contents: dict[str, list[str]] = {r: [] for r in receptacles}

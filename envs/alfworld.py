@@ -61,6 +61,7 @@ from envs._alfworld_world import (
     display_list,
     generate_layout,
     kind_of,
+    search_spots,
     to_tw_pddl,
 )
 
@@ -254,8 +255,7 @@ def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") 
         targets = [o for o in w.contents[here] if kind_of(o) == lay.obj_kind]
         if targets:
             return f"take {targets[0]} from {here}"
-    spots = [r for r in lay.receptacles if lay.obj_kind in CAN_CONTAIN[kind_of(r)] and kind_of(r) != lay.recep_kind]
-    spots = [r for r in spots if r != here]
+    spots = [r for r in search_spots(lay.receptacles, lay.obj_kind, lay.recep_kind) if r != here]
     return f"go to {rng.choice(spots)}" if spots else "look"
 
 
