@@ -238,7 +238,9 @@ def careless_action(env: AlfWorldEnv, rng: random.Random, pick: str = "random") 
     if held is not None and kind_of(held) != lay.obj_kind:
         return w.expert_action()  # puts a wrong object away
     if held is not None:
-        if pick == "goal" or not w.has_state(held):
+        if pick == "goal":
+            return w.expert_action()  # the searcher delivers it as the expert does
+        if not w.has_state(held):
             return w.expert_action()  # to the appliance
         lamp_at = {w.where[o] for o in lay.toggleable}
         wrong = [
