@@ -22,8 +22,6 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from common import envs as cenvs  # noqa: E402
 from common import models  # noqa: E402
-from common.generation import HFGenerator  # noqa: E402
-from common.prompts import encode_prompt, parse_action  # noqa: E402
 from tiny_models import build as tiny_build  # noqa: E402
 
 # the first words of the admissible actions of the embedded ALFWorld (anything else, "other", is never admissible)
@@ -33,35 +31,17 @@ VERBS = ("go", "take", "move", "open", "close", "use", "heat", "cool", "clean", 
 def play(model, tokenizer, seeds: list[int], temperature: float, max_steps: int = 15) -> dict:
     """One episode per seed: {"success", "inadmissible": share of all turns, "by_verb": {verb: (turns, share)}}."""
     cfg = tiny_build.tiny_config("alfworld")
-    envs = cenvs.LockstepEnvs("alfworld", len(seeds), backend="embedded", max_steps=max_steps)
-    generator = HFGenerator(tokenizer, max_new_tokens=cfg["max_new_tokens"])
-    obs, infos = envs.reset(seeds)
-    histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
-    won = [False] * len(seeds)
+    won, turns = tiny_build.play_episodes(
+        model, tokenizer, "alfworld", "small", seeds, temperature=temperature, history_len=cfg["history_len"],
+        max_prompt_tokens=cfg["max_prompt_tokens"], max_new_tokens=cfg["max_new_tokens"], max_steps=max_steps,
+    )  # fmt: skip
     verbs: dict[str, list[bool]] = collections.defaultdict(list)  # verb -> [not admissible, ...] per turn
-    while any(envs.active):
-        live = [i for i, a in enumerate(envs.active) if a]
-        prompts = [
-            encode_prompt(
-                tokenizer, infos[i]["task"], obs[i], histories[i], infos[i]["admissible_actions"],
-                history_len=cfg["history_len"], short=True, max_prompt_tokens=cfg["max_prompt_tokens"],
-            )
-            for i in live
-        ]  # fmt: skip
-        actions: list[str | None] = [None] * len(seeds)
-        for i, gen in zip(live, generator.generate(model, prompts, temperature=temperature)):
-            action, _ = parse_action(gen.text, infos[i]["admissible_actions"])
-            actions[i] = action
-            histories[i].append((obs[i], action))
-            verb = action.split(" ")[0] if action else ""
-            verbs[verb if verb in VERBS else "other"].append(action not in infos[i]["admissible_actions"])
-        obs, _, _, infos = envs.step(actions)
-        for i in live:
-            won[i] = won[i] or bool(infos[i].get("won"))
-    turns = [bad for v in verbs.values() for bad in v]
+    for action, admissible in turns:
+        verb = action.split(" ")[0] if action else ""
+        verbs[verb if verb in VERBS else "other"].append(action not in admissible)
     return {
         "success": sum(won) / len(seeds),
-        "inadmissible": sum(turns) / len(turns),
+        "inadmissible": sum(action not in admissible for action, admissible in turns) / len(turns),
         "by_verb": {v: (len(b), sum(b) / len(b)) for v, b in sorted(verbs.items(), key=lambda kv: -len(kv[1]))},
     }
 

@@ -267,7 +267,13 @@ def tiny_expert_answer(env_module, action: str, admissible: list[str], every: bo
     return action
 
 
-def evaluate_success(
+def evaluate_success(model, tokenizer, env_name: str, preset: str, seeds: list[int], **options) -> float:
+    """Share of `seeds` solved by `model`: play_episodes with the same arguments."""
+    won, _ = play_episodes(model, tokenizer, env_name, preset, seeds, **options)
+    return sum(won) / len(won)
+
+
+def play_episodes(
     model,
     tokenizer,
     env_name: str,
@@ -279,9 +285,9 @@ def evaluate_success(
     max_prompt_tokens: int = 512,
     max_new_tokens: int = 48,
     max_steps: int | None = None,
-) -> float:
-    """Share of `seeds` solved by `model` with short prompts, sampling at `temperature` (one episode each), in
-    episodes of `max_steps` turns (None: the env's default)."""
+) -> tuple[list[bool], list[tuple[str, list[str]]]]:
+    """One episode of `model` per seed with short prompts, sampling at `temperature` (<= 0: greedy), in episodes
+    of `max_steps` turns (None: the env's default): (won per seed, (action, admissible actions) of every turn)."""
     from common.generation import HFGenerator
 
     by_number = cenvs.env_module(env_name).TINY_ANSWER_BY_NUMBER
@@ -291,6 +297,7 @@ def evaluate_success(
     obs, infos = envs.reset(seeds)
     histories: list[list[tuple[str, str]]] = [[] for _ in seeds]
     won = [False] * len(seeds)
+    turns: list[tuple[str, list[str]]] = []
     while any(envs.active):
         live = [i for i, a in enumerate(envs.active) if a]
         prompts = [
@@ -311,10 +318,11 @@ def evaluate_success(
         for i, gen in zip(live, generator.generate(model, prompts, temperature=temperature)):
             actions[i] = parse_action(gen.text, infos[i]["admissible_actions"])[0]
             histories[i].append((obs[i], actions[i]))
+            turns.append((actions[i], infos[i]["admissible_actions"]))
         obs, _, _, infos = envs.step(actions)
         for i in live:
             won[i] = won[i] or bool(infos[i]["won"])
-    return sum(won) / len(won)
+    return won, turns
 
 
 def _bc_batches(examples: list[tuple[list[int], list[int]]], batch_size: int, generator: torch.Generator):
