@@ -146,8 +146,9 @@ class Args:
     """replay buffer capacity (explorer trajectories, FIFO)"""
     buffer_max_age: int = 10
     """iterations a buffered trajectory stays usable (0: only this iteration's)"""
-    train_pool_size: int = 32
-    """training tasks are drawn from the first this-many train seeds, so that tasks recur"""
+    train_pool_size: int | None = None
+    """training tasks are drawn from the first this-many train seeds (None: 32 on WebShop, so that goals recur;
+    2,048 on ALFWorld, as in rspo_ppo_alfworld.py)"""
 
     # Evaluation and checkpoints
     eval_every: int = 5
@@ -939,6 +940,8 @@ if __name__ == "__main__":
         args.norm_adv_by_std = args.env == "alfworld"
     if args.eval_split is None:
         args.eval_split = {"alfworld": "valid_unseen", "webshop": "test"}[args.env]
+    if args.train_pool_size is None:
+        args.train_pool_size = {"alfworld": 2048, "webshop": 32}[args.env]
     swap = args.reward_mode == "swap"
     args.num_policy_rollouts = args.tasks_per_iteration * args.group_size
     args.num_explorer_rollouts = args.tasks_per_iteration * args.explorer_rollouts_per_task if swap else 0

@@ -153,8 +153,9 @@ class Args:
     """iterations a buffered trajectory stays usable (0: only this iteration's)"""
     buffer_extra_other_tasks: int = 0
     """also train on up to this many buffered trajectories of tasks outside the batch (PPO has no groups)"""
-    train_pool_size: int = 32
-    """training tasks are drawn from the first this-many train seeds, so that tasks recur"""
+    train_pool_size: int = 2048
+    """training tasks are drawn from the first this-many train seeds (2,048: the 1,024 the warm start imitated and
+    1,024 new ones, so that what the policy learns must hold on games it meets about once)"""
 
     # Evaluation and checkpoints
     eval_split: Literal["valid_unseen", "valid_seen", "valid"] = "valid_unseen"

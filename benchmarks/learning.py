@@ -67,6 +67,10 @@ PROCESS_REWARD = "misaligned"
 # with --eval-only and shared (the 51-run table of 2026-12-03 measured it in every run: identical in all of them).
 INITIAL_EVAL = {"webshop": "rspo_grpo_webshop.py", "alfworld": "rspo_ppo_alfworld.py"}
 G_ON, G_OFF = 4, 4
+# Env steps per run (explorer steps included), unless --total-env-steps says otherwise. ALFWorld's failures last all
+# 15 turns, so 4,000 env steps are 9-18 updates there, in which no variant learned (docs/results.md, probes 8-15);
+# PPO outcome-only learned on validation games by 12,000 (probe 15).
+ENV_BUDGET = {"webshop": 4000, "alfworld": 12000}
 
 
 def variant_flags(variant: str) -> list[str]:
@@ -417,7 +421,12 @@ def main() -> None:
         help="run only this variant (repeatable; a probe, not the table)",
     )
     p.add_argument("--secondary-seeds", type=int, default=2, help="seeds of the secondary variants")
-    p.add_argument("--total-env-steps", type=int, default=4000, help="budget per run, explorer steps included")
+    p.add_argument(
+        "--total-env-steps",
+        type=int,
+        default=None,
+        help="budget per run, explorer steps included (default: 4,000 on WebShop, 12,000 on ALFWorld)",
+    )
     p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument(
@@ -441,13 +450,15 @@ def main() -> None:
     if a.quick:
         pairs = a.only or ["grpo_webshop", "ppo_alfworld"]
         seeds, budget, eval_tasks, eval_every = 1, 800, 32, 5
+    budgets = {env: budget or b for env, b in ENV_BUDGET.items()}  # env -> env steps per run
     a.out.mkdir(parents=True, exist_ok=True)
     jobs = jobs_for(pairs, seeds, 0 if a.quick else a.secondary_seeds, a.variants, a.first_seed)
     earlier = [r for path in a.add_runs for r in read_runs(path)]
     if {(r["pair"], r["variant"], r["seed"]) for r in earlier} & set(jobs):
         sys.exit("--add-runs: a run of those tables is also one of this command's (pair, variant, seed)")
     goals = "validation" if a.eval_split == "valid" else "held-out"
-    print(f"{len(jobs)} runs, budget {budget} env steps each, {eval_tasks} {goals} seeds, {a.jobs} in parallel")
+    shown = ", ".join(f"{budgets[e]} on {e}" for e in sorted({pair_env(p) for p in pairs}))
+    print(f"{len(jobs)} runs, budget {shown} env steps each, {eval_tasks} {goals} seeds, {a.jobs} in parallel")
     t0 = time.time()
     failures: list[str] = []
     results: list[dict] = []
@@ -466,6 +477,7 @@ def main() -> None:
         # same command reuses those runs).
         try:
             start = initial[(pair_env(job[0]), job[2])]
+            budget = budgets[pair_env(job[0])]
             r = run_one(*job, budget, eval_tasks, eval_every, a.out, start, script_flags, a.eval_split)
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
