@@ -1,12 +1,12 @@
-"""What a tiny ALFWorld model does on games it never saw: success, and how often it names an action that the game
-does not admit (which the env answers with "Nothing happens."), by the action's verb.
+"""What a tiny ALFWorld model does on games it never saw: success (in all and by task type), and how often it names
+an action that the game does not admit (which the env answers with "Nothing happens."), by the action's verb.
 
     python benchmarks/alfworld_actions.py                       # the committed tiny model, greedy and sampled
     python benchmarks/alfworld_actions.py --model <folder> --games 200
 
 Games: the first `--games` validation games (`--eval-split valid` of the scripts: training seeds from 2,048 on,
 never imitated or trained on), 15 turns each, played as the scripts play them (the short prompt, two turns of
-history), once greedily and once at temperature 1 (`--temperatures`). docs/results.md, probe 14.
+history), once greedily and once at temperature 1 (`--temperatures`). docs/results.md, probes 14 and 15.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from common import envs as cenvs  # noqa: E402
 from common import models  # noqa: E402
+from envs import alfworld  # noqa: E402
 from tiny_models import build as tiny_build  # noqa: E402
 
 # the first words of the admissible actions of the embedded ALFWorld (anything else, "other", is never admissible)
@@ -29,7 +30,8 @@ VERBS = ("go", "take", "move", "open", "close", "use", "heat", "cool", "clean", 
 
 
 def play(model, tokenizer, seeds: list[int], temperature: float, max_steps: int = 15) -> dict:
-    """One episode per seed: {"success", "inadmissible": share of all turns, "by_verb": {verb: (turns, share)}}."""
+    """One episode per seed: {"success", "by_type": {task type: (games, won)}, "inadmissible": share of all turns,
+    "by_verb": {verb: (turns, share)}}."""
     cfg = tiny_build.tiny_config("alfworld")
     won, turns = tiny_build.play_episodes(
         model, tokenizer, "alfworld", "small", seeds, temperature=temperature, history_len=cfg["history_len"],
@@ -39,8 +41,12 @@ def play(model, tokenizer, seeds: list[int], temperature: float, max_steps: int 
     for action, admissible in turns:
         verb = action.split(" ")[0] if action else ""
         verbs[verb if verb in VERBS else "other"].append(action not in admissible)
+    types: dict[str, list[bool]] = {t: [] for t in alfworld.TASK_TYPES}  # task type -> [won, ...] per game
+    for seed, w in zip(seeds, won):
+        types[alfworld.generate_layout(seed, "small").task_type].append(w)
     return {
         "success": sum(won) / len(seeds),
+        "by_type": {t: (len(w), sum(w)) for t, w in types.items() if w},
         "inadmissible": sum(action not in admissible for action, admissible in turns) / len(turns),
         "by_verb": {v: (len(b), sum(b) / len(b)) for v, b in sorted(verbs.items(), key=lambda kv: -len(kv[1]))},
     }
@@ -60,8 +66,9 @@ def main() -> None:
     for t in a.temperatures:
         r = play(model, tokenizer, seeds, t)
         verbs = ", ".join(f"{v} {share:.2f} of {n}" for v, (n, share) in r["by_verb"].items())
+        types = ", ".join(f"{t} {w}/{n}" for t, (n, w) in r["by_type"].items())
         print(
-            f"temperature {t:g}: success {r['success']:.3f} on {len(seeds)} validation games; "
+            f"temperature {t:g}: success {r['success']:.3f} on {len(seeds)} validation games ({types}); "
             f"inadmissible actions {r['inadmissible']:.3f} of the turns ({verbs})"
         )
 

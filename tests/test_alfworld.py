@@ -558,7 +558,7 @@ def test_warm_start_data_mixes_the_careless_and_hurried_agents_in_their_shares()
 
 
 def test_action_benchmark_counts_every_turn_and_each_inadmissible_one(tiny_models):
-    """benchmarks/alfworld_actions.py (probe 14): every turn of every game is counted once, under the verb of its
+    """benchmarks/alfworld_actions.py (probes 14, 15): every turn of every game is counted once, under the verb of its
     action, and the share of inadmissible turns is the verbs' shares weighted by their turns; its VERBS are the
     first words of every action the embedded games admit, so an action counted as "other" is never admissible."""
     from common import envs as cenvs
@@ -583,3 +583,7 @@ def test_action_benchmark_counts_every_turn_and_each_inadmissible_one(tiny_model
     assert 4 <= turns <= 4 * 15 and 0.0 <= r["success"] <= 1.0
     assert r["inadmissible"] == pytest.approx(sum(n * share for n, share in r["by_verb"].values()) / turns)
     assert set(r["by_verb"]) <= set(bench.VERBS) | {"other"} and r["by_verb"].get("other", (1, 1.0))[1] == 1.0
+    # each game once, under its own task type; the wins add up to the success
+    types = [alfworld.generate_layout(s, "small").task_type for s in seeds]
+    assert {t: n for t, (n, _) in r["by_type"].items()} == {t: types.count(t) for t in set(types)}
+    assert sum(w for _, w in r["by_type"].values()) == pytest.approx(r["success"] * len(seeds))
