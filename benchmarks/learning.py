@@ -17,16 +17,18 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 (mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each control, paired by seed: mean and
 95% interval), `learning.png` (held-out success vs environment steps, one panel per pair).
 
-    python benchmarks/learning.py                  # the whole table: 86 runs, 4,000 env steps each (see below)
+    python benchmarks/learning.py                  # the whole table: 86 runs (see below)
     python benchmarks/learning.py --only grpo_webshop
     python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (211 s, 2-core AMD EPYC)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
-The whole table takes about 2 h 27 min on 2 cores (2-core AMD EPYC, 2026-12-05/06): the main variants of the four
-pairs took 2,521 s (GRPO/WebShop), 2,457 s (GiGPO/WebShop) and 2,934 s (both ALFWorld pairs), 2 h 12 min measured,
-two runs at a time (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop, agent_b_alfworld); the
-secondary variants' runs cost about what swap's and process's do there (351 s and 212 s each), so their 2 default
-seeds add about 15 min. Three secondary seeds (about 23 min) would take it past the 2.5 h it is meant to fit.
+Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total-env-steps sets one budget for all).
+Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521 s
+(GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); on
+ALFWorld an outcome run took 437-444 s (GiGPO) and 630-720 s (PPO), a swap run 581-684 s and 860-956 s
+(benchmarks/results/searcher_alfworld, 3 seeds). At those rates the ALFWorld pairs' main variants on 5 seeds take
+about 3.5 h, and the whole table about 5 h: more than the 2.5 h it was meant to fit, which ALFWorld's 4,000-step
+budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15). Run the pairs apart with --only.
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
