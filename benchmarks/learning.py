@@ -25,8 +25,8 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total-env-steps sets one budget for all).
 Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521 s
 (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); on
-ALFWorld an outcome run took 437-444 s (GiGPO) and 630-720 s (PPO), a swap run 581-684 s and 860-956 s
-(benchmarks/results/searcher_alfworld, 3 seeds). At those rates the ALFWorld pairs' main variants on 5 seeds take
+ALFWorld an outcome run took 437-444 s (GiGPO) and 590-721 s (PPO), a swap run 581-684 s and 820-956 s
+(benchmarks/results/searcher_alfworld and searcher_alfworld_s45). At those rates the ALFWorld pairs' main variants on 5 seeds take
 about 3.5 h, and the whole table about 5 h: more than the 2.5 h it was meant to fit, which ALFWorld's 4,000-step
 budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15). Run the pairs apart with --only.
 
