@@ -23,12 +23,13 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
 Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total-env-steps sets one budget for all).
-Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521 s
-(GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); on
+Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521
+s (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); on
 ALFWorld an outcome run took 437-444 s (GiGPO) and 590-721 s (PPO), a swap run 581-684 s and 820-956 s
-(benchmarks/results/searcher_alfworld and searcher_alfworld_s45). At those rates the ALFWorld pairs' main variants on 5 seeds take
-about 3.5 h, and the whole table about 5 h: more than the 2.5 h it was meant to fit, which ALFWorld's 4,000-step
-budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15). Run the pairs apart with --only.
+(benchmarks/results/searcher_alfworld and searcher_alfworld_s45). At those rates the ALFWorld pairs' main variants on
+5 seeds take about 3.5 h, and the whole table about 5 h: more than the 2.5 h it was meant to fit, which ALFWorld's
+4,000-step budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15). Run the pairs apart
+with --only.
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.

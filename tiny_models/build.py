@@ -1,11 +1,10 @@
 """The tiny model's builder: a Qwen2 causal LM of about 1M parameters with a byte-level BPE tokenizer trained on the
 embedded environment's texts, warm-started by behaviour cloning on demonstration turns until it is a weak agent (its
-success rate at the training temperature lies in a band: 10-40% by default; 2-10% on WebShop, which imitates
-careless and hurried demonstrations to convergence: an exploration-limited start; ALFWorld imitates a searcher for
-3,000 steps, with no band). One per (env, preset, seed),
-built once and cached on disk (save_pretrained), keyed by the hash of its config and the env's texts; the default
-ones (seed 1) are committed in this folder. `common.models.load_model("tiny", ...)` calls build_tiny, which finds or
-builds the folder.
+success rate at the training temperature lies in a band: 10-40% by default; 2-10% on WebShop, which imitates careless
+and hurried demonstrations to convergence: an exploration-limited start; ALFWorld imitates a searcher for 3,000
+steps, with no band). One per (env, preset, seed), built once and cached on disk (save_pretrained), keyed by the hash
+of its config and the env's texts; the default ones (seed 1) are committed in this folder.
+`common.models.load_model("tiny", ...)` calls build_tiny, which finds or builds the folder.
 
     python -m tiny_models.build --env webshop --seed 2     # prints the folder it found or built
 """
