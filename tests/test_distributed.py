@@ -164,12 +164,17 @@ def test_script_update_on_two_ranks_equals_one_process(worker_out, script):
     initial, weights = single["initial"], single["weights"]
     change = max((weights[k] - initial[k]).abs().max().item() for k in initial)
     assert change > 1e-3
+    step = torch.cat([(weights[k] - initial[k]).flatten() for k in initial])
     for r in ranks:
         assert r["weights"].keys() == weights.keys()
-        diff = max((r["weights"][k] - w).abs().max().item() for k, w in weights.items())
-        # Adam's steps are about lr * sign(grad): float noise in tiny gradients moves a weight by a small part of
-        # one (measured: at most 0.6% of the largest change)
-        assert diff <= 0.02 * change, (diff, change)
+        rank_step = torch.cat([(r["weights"][k] - initial[k]).flatten() for k in initial])
+        # Adam's steps are about lr * sign(grad), except where a gradient is as small as its eps (1e-8): there the
+        # float noise of a sum in another order moves the weight by a visible part of a step (measured with the
+        # searcher ALFWorld model: 1 of PPO's 744,832 weights, by 2.5% of the largest change; cosine 0.999998). So the
+        # update is compared as a whole, and weight by weight in bulk.
+        cosine = torch.nn.functional.cosine_similarity(rank_step, step, dim=0).item()
+        off = ((rank_step - step).abs() > 0.01 * change).float().mean().item()
+        assert cosine > 0.9999 and off < 1e-4, (cosine, off, (rank_step - step).abs().max().item(), change)
 
 
 SMALL = [
