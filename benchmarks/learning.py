@@ -479,9 +479,9 @@ def main() -> None:
         # are rewritten after every run, so an interrupted table keeps what it measured (and a rerun of the
         # same command reuses those runs).
         try:
-            start = initial[(pair_env(job[0]), job[2])]
-            budget = budgets[pair_env(job[0])]
-            r = run_one(*job, budget, eval_tasks, eval_every, a.out, start, script_flags, a.eval_split)
+            env = pair_env(job[0])
+            start = initial[(env, job[2])]
+            r = run_one(*job, budgets[env], eval_tasks, eval_every, a.out, start, script_flags, a.eval_split)
         except Exception as e:  # noqa: BLE001 - the message names the run and its log
             failures.append(str(e))
             print(f"FAILED: {e}", flush=True)
