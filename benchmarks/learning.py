@@ -19,17 +19,16 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 
     python benchmarks/learning.py                  # the whole table: 86 runs (see below)
     python benchmarks/learning.py --only grpo_webshop
-    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (211 s, 2-core AMD EPYC)
+    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (266 s, 2-core AMD EPYC)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
 Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total-env-steps sets one budget for all).
 Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521
-s (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); on
-ALFWorld an outcome run took 437-444 s (GiGPO) and 590-721 s (PPO), a swap run 581-684 s and 820-956 s
-(benchmarks/results/searcher_alfworld and searcher_alfworld_s45). At those rates the ALFWorld pairs' main variants on
-5 seeds take about 3.5 h, and the whole table about 5 h: more than the 2.5 h it was meant to fit, which ALFWorld's
-4,000-step budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15). Run the pairs apart
-with --only.
+s (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); those
+of the ALFWorld pairs, 40 runs of 353-956 s (GiGPO outcome_big the shortest, PPO swap the longest), about 3 h 15 min
+(benchmarks/results/searcher_alfworld_all). So the whole table takes about 5 h: more than the 2.5 h it was meant to
+fit, which ALFWorld's 4,000-step budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15).
+Run the pairs apart with --only.
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
@@ -404,7 +403,7 @@ def main() -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="short check (3.5 minutes on 2 cores, docs/benchmarks.md): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
+        help="short check (4.5 minutes on 2 cores, docs/benchmarks.md): 1 seed, 800 env steps, 32 held-out seeds, two pairs",
     )
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--first-seed", type=int, default=1, help="the seeds are first-seed .. first-seed + seeds - 1")
