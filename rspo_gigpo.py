@@ -599,6 +599,7 @@ def rollout(
     seeds = cenvs.group_seeds(list(task_seeds), group_size)
     n = len(seeds)
     obs, infos = envs.reset(seeds)
+    task_types = [str(info.get("task_type", "")) for info in infos]  # ALFWorld's; WebShop has none
     histories: list[list[tuple[str, str]]] = [[] for _ in range(n)]
     turns: list[list[Turn]] = [[] for _ in range(n)]
     active = [True] * n
@@ -644,6 +645,7 @@ def rollout(
             task_seed=seeds[i], group_id=seeds[i], turns=turns[i], won=won,
             task_score=float(infos[i].get("task_score", float(won))), outcome_return=args.outcome_scale * float(won),
             process_return=float(sum(t.process_reward for t in turns[i])), sampler=sampler, iteration=iteration,
+            task_type=task_types[i],
         ))  # fmt: skip
     stats["env_steps"] = sum(len(t) for t in turns)
     return trajectories, stats
@@ -858,8 +860,9 @@ def update(model, optimizer, rows: list[Row], args: Args, *, epochs: int, pad_id
 
 @distributed.full_weights
 def evaluate(model, generator, tokenizer, make_envs, seeds: list[int], args: Args, *, autocast) -> dict[str, float]:
-    """Held-out episodes (one per seed): success rate (and WebShop score, 100 * mean purchase reward), 95% CIs."""
-    won, scores, seeds = [], [], distributed.split(seeds)  # torchrun: each rank plays its share of the seeds
+    """Held-out episodes (one per seed): success rate (and WebShop score, 100 * mean purchase reward), 95% CIs;
+    on ALFWorld also the success per task type."""
+    won, scores, types, seeds = [], [], [], distributed.split(seeds)  # torchrun: each rank plays its share
     for start in range(0, len(seeds), args.eval_batch_size):
         chunk = seeds[start : start + args.eval_batch_size]
         trajectories, _ = rollout(
@@ -868,10 +871,13 @@ def evaluate(model, generator, tokenizer, make_envs, seeds: list[int], args: Arg
         )  # fmt: skip
         won += [float(t.won) for t in trajectories]
         scores += [100.0 * t.task_score for t in trajectories]
-    won, scores = distributed.gather(won), distributed.gather(scores)
+        types += [t.task_type for t in trajectories]
+    won, scores, types = distributed.gather(won), distributed.gather(scores), distributed.gather(types)
     metrics = dict(zip(("eval/success_rate", "eval/success_ci95"), run.mean_ci95(won)))
     if args.env == "webshop":
         metrics["eval/score"], metrics["eval/score_ci95"] = run.mean_ci95(scores)
+    for task_type in sorted(set(types) - {""}):
+        metrics[f"eval/success_{task_type}"] = float(np.mean([w for w, t in zip(won, types) if t == task_type]))
     return metrics
 
 

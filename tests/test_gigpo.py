@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import rspo_gigpo as gg
+from common import envs as cenvs
+from envs import alfworld
 
 # ---------------------------------------------------------------------------------------------------------------
 # compute_discounted_step_returns
@@ -268,8 +270,6 @@ def test_gigpo_on_real_alfworld_anchors_matches_naive_reference(norm):
     states; the batch computation equals a turn-by-turn reference."""
     import random
 
-    from common import envs as cenvs
-
     rng = random.Random(0)
     seeds = cenvs.split_seeds("alfworld", "train", 2)
     trajs = []
@@ -421,6 +421,18 @@ def _check_run(run_dir, env, mode, norm_by_std=None):
     )
     assert set(eval_keys) <= set(rows[1]) and "eval/success_rate" not in rows[0]
     assert ("eval/score" in rows[1]) == (env == "webshop")
+    config = json.loads((run_dir / "config.json").read_text())["args"]
+    by_type = {k[len("eval/success_") :]: v for k, v in rows[1].items() if k.startswith("eval/success_")}
+    del by_type["rate"], by_type["ci95"]
+    if env == "webshop":
+        assert not by_type
+    else:  # success per task type: the games of each type among the evaluation seeds, weighted, give the whole
+        n, pool, split = config["num_eval_tasks"], config["train_pool_size"], config["eval_split"]
+        _, seeds = cenvs.seed_pools("alfworld", pool, n, eval_split=split)
+        types = [alfworld.generate_layout(s, config["env_preset"]).task_type for s in seeds]
+        assert set(by_type) == set(types)
+        whole = sum(by_type[t] * types.count(t) for t in by_type) / len(types)
+        assert whole == pytest.approx(rows[1]["eval/success_rate"])
     for r in rows:
         missing = [k for k in KEYS + (SWAP_KEYS if mode == "swap" else []) if k not in r]
         assert not missing, f"{env} {mode}: missing {missing}"
@@ -436,7 +448,6 @@ def _check_run(run_dir, env, mode, norm_by_std=None):
         assert rows[0]["env_steps"] >= 8 and rows[0]["buffer/sampled"] >= 4
     assert (run_dir / "checkpoints" / "latest.pt").is_file()
     assert (run_dir / "model" / "config.json").is_file()
-    config = json.loads((run_dir / "config.json").read_text())["args"]
     assert config["reward_mode"] == mode and config["env"] == env
     # per-benchmark default: ALFWorld mean/std, WebShop mean-only
     assert config["norm_adv_by_std"] == (env == "alfworld" if norm_by_std is None else norm_by_std)
