@@ -13,9 +13,11 @@ and, on the pairs in SECONDARY_PAIRS with --secondary-seeds seeds:
 - swap_none        RSPO without the importance weights
 - process_aligned  the base algorithm on the aligned process reward
 
-Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run), `learning_summary.csv`
-(mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each control, paired by seed: mean and
-95% interval), `learning.png` (held-out success vs environment steps, one panel per pair).
+Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per run; ALFWorld runs add the held-out
+games solved per task type at step 0 and at the end, solved_<type>_start / solved_<type> of games_<type>, which are
+also printed), `learning_summary.csv` (mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each
+control, paired by seed: mean and 95% interval), `learning.png` (held-out success vs environment steps, one panel per
+pair).
 
     python benchmarks/learning.py                  # the whole table: 86 runs (see below)
     python benchmarks/learning.py --only grpo_webshop
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import pathlib
@@ -169,10 +172,12 @@ def read_runs(path: pathlib.Path) -> list[dict]:
         if key in ("pair", "variant") or text == "":
             return text
         number = float(text)
-        return int(number) if key in ("seed", "env_steps") else number
+        return int(number) if key in ("seed", "env_steps") or key.startswith(("solved_", "games_")) else number
 
     with open(path, newline="") as f:
-        return [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
+    # a per-type column is empty in the runs that have none (WebShop beside ALFWorld): they read back without it
+    return [{k: v for k, v in r.items() if v != "" or not k.startswith(("solved_", "games_"))} for r in rows]
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -183,6 +188,46 @@ def read_metrics(path: pathlib.Path) -> list[dict]:
 def pair_env(pair: str) -> str:
     """The env of a pair: the last part of its name (grpo_webshop -> webshop)."""
     return pair.rsplit("_", 1)[1]
+
+
+# ALFWorld's task types and the short names of the per-type columns (solved_<short>, games_<short>)
+TASK_TYPES = {
+    "pick_and_place_simple": "simple", "look_at_obj_in_light": "look", "pick_two_obj_and_place": "two",
+    "pick_clean_then_place_in_recep": "clean", "pick_heat_then_place_in_recep": "heat",
+    "pick_cool_then_place_in_recep": "cool",
+}  # fmt: skip
+
+
+@functools.cache
+def games_by_type(preset: str, eval_split: str, num_eval_tasks: int, train_pool_size: int) -> dict[str, int]:
+    """How many of the evaluation games of the embedded ALFWorld are of each task type (the scripts' seed pools)."""
+    sys.path.insert(0, str(ROOT))
+    from common import envs as cenvs
+    from envs import alfworld
+
+    _, seeds = cenvs.seed_pools("alfworld", train_pool_size, num_eval_tasks, eval_split=eval_split)
+    types = [alfworld.generate_layout(s, preset).task_type for s in seeds]
+    return {t: types.count(t) for t in TASK_TYPES if t in types}
+
+
+def solved_by_type(runs_dir: pathlib.Path, first: dict, last: dict) -> dict[str, int]:
+    """ALFWorld: held-out games solved per task type at step 0 (solved_<short>_start) and at the last evaluation
+    (solved_<short>), and the games of each type (games_<short>): a run's eval/success_<type> times the number of
+    its evaluation games of that type, read from the run's config.json. {} where the run logs no task types
+    (WebShop) or did not play the embedded ALFWorld."""
+    configs = list(runs_dir.glob("*/config.json"))
+    args = json.loads(configs[0].read_text())["args"] if len(configs) == 1 else {}
+    if args.get("env_backend") != "embedded" or not any(k.startswith("eval/success_pick") for k in last):
+        return {}
+    games = games_by_type(args["env_preset"], args["eval_split"], args["num_eval_tasks"], args["train_pool_size"])
+    out = {}
+    for task_type, short in TASK_TYPES.items():
+        key = f"eval/success_{task_type}"
+        n = games.get(task_type, 0)
+        out[f"games_{short}"] = n
+        out[f"solved_{short}_start"] = round(first[key] * n) if key in first else ""
+        out[f"solved_{short}"] = round(last[key] * n) if key in last else (0 if n == 0 else "")
+    return out
 
 
 def run_script(script: str, flags: list[str], runs_dir: pathlib.Path, what: str) -> float:
@@ -272,6 +317,44 @@ def run_one(
     return result
 
 
+def final_eval(
+    result: dict,
+    eval_tasks: int,
+    out: pathlib.Path,
+    start: dict,
+    script_flags: tuple[str, ...] = (),
+    eval_split: str = "held-out",
+) -> dict:
+    """A finished run's final policy measured again, on the first `eval_tasks` held-out seeds: the same table's
+    row for it, from one --eval-only run of its last checkpoint (reused when it is there) and `start`, the
+    initial_eval row of its (env, seed) on as many seeds. More games narrow the evaluation's share of the spread
+    between seeds; nothing is trained or chosen on them."""
+    pair, variant, seed = result["pair"], result["variant"], result["seed"]
+    script, extra = PAIRS[pair]
+    name = f"{pair}__{variant}__{seed}"
+    runs_dir = out / "runs" / f"final__{name}__n{eval_tasks}"
+    if not eval_rows(runs_dir):
+        runs = [c.parent for c in (out / "runs" / name).glob("*/checkpoints")]
+        if len(runs) != 1:
+            raise RuntimeError(f"{name}: {len(runs)} run folders with checkpoints under {out / 'runs' / name}")
+        (run,) = runs
+        flags = [*extra, "--eval-only", "--resume", str(run), "--num-eval-tasks", str(eval_tasks)]
+        flags += ["--exp-name", "final", *split_flags(eval_split), *script_flags]
+        run_script(script, flags, runs_dir, f"final evaluation of {name} on {eval_tasks} seeds")
+    last = eval_rows(runs_dir)[0]
+    return {
+        "pair": pair,
+        "variant": variant,
+        "seed": seed,
+        "env_steps": result["env_steps"],
+        "success_start": start["eval/success_rate"],
+        "success": last["eval/success_rate"],
+        "score_start": start.get("eval/score", ""),
+        "score": last.get("eval/score", ""),
+        **solved_by_type(runs_dir, start, last),
+    }
+
+
 def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = None) -> dict | None:
     """The result of the run in `runs_dir` if its last evaluation reached `budget` env steps, else None.
 
@@ -308,6 +391,7 @@ def finished_run(runs_dir: pathlib.Path, budget: int, initial: dict | None = Non
         "train_success_all": _rounded_mean(train),
         "explorer_success_all": _rounded_mean(explorer),
         "seconds": float(seconds.read_text()) if seconds.is_file() else "",
+        **solved_by_type(runs_dir, first, last),
         "curve": [(r["env_steps"], r["eval/success_rate"]) for r in evals],
     }
 
@@ -354,8 +438,10 @@ def summarise(results: list[dict]) -> list[dict]:
 def write_tables(results: list[dict], out: pathlib.Path, suffix: str) -> list[dict]:
     """learning{suffix}.csv (one row per run), learning{suffix}_summary.csv and learning{suffix}_paired.csv;
     returns the summary rows."""
+    # the columns of every run, in order of first appearance (ALFWorld runs add per-type ones; "" where absent)
+    columns = list(dict.fromkeys(k for r in results for k in r if k != "curve"))
     with open(out / f"learning{suffix}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[k for k in results[0] if k != "curve"])
+        w = csv.DictWriter(f, fieldnames=columns)
         w.writeheader()
         w.writerows({k: v for k, v in r.items() if k != "curve"} for r in results)
     summary = summarise(results)
@@ -370,6 +456,25 @@ def write_tables(results: list[dict], out: pathlib.Path, suffix: str) -> list[di
             w.writeheader()
             w.writerows(paired)
     return summary
+
+
+def type_table(results: list[dict]) -> list[str]:
+    """Markdown lines: held-out games solved per task type, at step 0 and after the budget per seed, for each
+    pair and variant whose runs have per-type counts (ALFWorld); [] when none has."""
+    lines = []
+    for pair in [p for p in PAIRS if any(r["pair"] == p and "games_simple" in r for r in results)]:
+        rs = [r for r in results if r["pair"] == pair and "games_simple" in r]
+        games = {short: rs[0][f"games_{short}"] for short in TASK_TYPES.values()}
+        header = " | ".join(f"{short} ({n})" for short, n in games.items())
+        lines += [f"\n| {pair}: games solved | seeds | {header} |", "|---|---|" + "---|" * len(games)]
+        starts = {short: sorted({r[f"solved_{short}_start"] for r in rs} - {""}) for short in games}
+        cells = " | ".join(" ".join(map(str, starts[short])) or "-" for short in games)
+        lines.append(f"| step 0 | {sorted({r['seed'] for r in rs})} | {cells} |")
+        for variant in sorted({r["variant"] for r in rs}):
+            vs = sorted((r for r in rs if r["variant"] == variant), key=lambda r: r["seed"])
+            cells = " | ".join(" ".join(str(r[f"solved_{short}"]) for r in vs) for short in games)
+            lines.append(f"| {variant} | {[r['seed'] for r in vs]} | {cells} |")
+    return lines
 
 
 def plot(results: list[dict], path: pathlib.Path) -> None:
@@ -431,6 +536,13 @@ def main() -> None:
     )
     p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
     p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument(
+        "--final-eval-tasks",
+        type=int,
+        default=0,
+        help="also evaluate every run's final checkpoint (and the start) on this many held-out seeds, after the "
+        "runs, and write the tables on them as learning_final<N>*.csv (0: no)",
+    )
     p.add_argument(
         "--eval-split",
         choices=["held-out", "valid"],
@@ -498,6 +610,26 @@ def main() -> None:
     plot(results, a.out / f"learning{suffix}.png")
     results = sorted(earlier + results, key=lambda r: (r["seed"], list(PAIRS).index(r["pair"])))
     summary = write_tables(results, a.out, suffix)
+    print_tables(summary, results, goals)
+    if a.final_eval_tasks:
+        print(f"\nThe final policies on the first {a.final_eval_tasks} {goals} seeds (--final-eval-tasks):")
+        mine = [r for r in results if r not in earlier]  # --add-runs: their checkpoints are in another --out
+        n = a.final_eval_tasks
+        with ThreadPoolExecutor(max_workers=a.jobs) as pool:  # the starts first: one evaluation each, then shared
+            starts = sorted({(pair_env(r["pair"]), r["seed"]) for r in mine})
+            initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, n, a.out, a.eval_split), starts)))
+            finals = list(pool.map(
+                lambda r: final_eval(r, n, a.out, initial[(pair_env(r["pair"]), r["seed"])], script_flags,
+                                     a.eval_split), mine,
+            ))  # fmt: skip
+        print_tables(write_tables(finals, a.out, f"{suffix}_final{n}"), finals, goals)
+    print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
+    if failures:
+        sys.exit(f"{len(failures)} of {len(jobs)} runs failed (left out of the table):\n" + "\n".join(failures))
+
+
+def print_tables(summary: list[dict], results: list[dict], goals: str) -> None:
+    """The summary, the paired differences and (ALFWorld) the games solved per task type, as markdown."""
     print(
         f"\n| pair | variant | {goals} success at step 0 | after the budget (mean +- 95% interval) | WebShop score "
         "| sampled training success, first -> last 10 iterations | policy / agent B sampled, every iteration "
@@ -519,9 +651,8 @@ def main() -> None:
             f"| {d['pair']} | {d['difference']} | {d['mean']:+.3f} | [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}] "
             f"| {d['per_seed']} |"
         )
-    print(f"\ntotal {time.time() - t0:.0f} s; written to {a.out}")
-    if failures:
-        sys.exit(f"{len(failures)} of {len(jobs)} runs failed (left out of the table):\n" + "\n".join(failures))
+    for line in type_table(results):
+        print(line)
 
 
 if __name__ == "__main__":

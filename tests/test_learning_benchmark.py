@@ -198,3 +198,76 @@ def test_jobs_main_variants_everywhere_secondary_on_one_pair():
     ]
     one_step = learning.variant_flags("swap_one_step")
     assert one_step[len(one_step) - 1 - one_step[::-1].index("--explorer") + 1] == "one_step"
+
+
+def test_alfworld_runs_count_the_games_solved_per_task_type(tmp_path):
+    """An ALFWorld run's last eval/success_<type> times the games of that type among its evaluation seeds (from
+    its config.json) gives solved_<type>; the step-0 counts come from the start's evaluation. A table with WebShop
+    runs first still gets every column (empty in the WebShop rows), and reads back as it was written."""
+    from common import envs as cenvs
+    from envs import alfworld
+
+    config = {"env_backend": "embedded", "env_preset": "small", "eval_split": "valid_unseen", "num_eval_tasks": 12,
+              "train_pool_size": 8}  # fmt: skip
+    _, seeds = cenvs.seed_pools("alfworld", 8, 12, eval_split="valid_unseen")
+    types = [alfworld.generate_layout(s, "small").task_type for s in seeds]
+    games = {t: types.count(t) for t in set(types)}
+    # solve every game of the first type seen, none of the others; at step 0 one game of it (or none)
+    first_type = types[0]
+    start = {"env_steps": 0, "eval/success_rate": 1 / 12, "eval/score": 0.0}
+    start.update({f"eval/success_{t}": (1 / games[t] if t == first_type else 0.0) for t in games})
+    run = write_run(tmp_path, "ppo_alfworld__swap__1", [(500, games[first_type] / 12, 0.0)])
+    rows = (run / "exp_1" / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(rows[-1]) | {f"eval/success_{t}": (1.0 if t == first_type else 0.0) for t in games}
+    (run / "exp_1" / "metrics.jsonl").write_text("\n".join([*rows[:-1], json.dumps(last)]) + "\n")
+    (run / "exp_1" / "config.json").write_text(json.dumps({"args": config}))
+    r = learning.finished_run(run, 500, start)
+    short = learning.TASK_TYPES[first_type]
+    assert r[f"solved_{short}"] == games[first_type] and r[f"solved_{short}_start"] == 1
+    assert sum(r[f"games_{s}"] for s in learning.TASK_TYPES.values()) == 12
+    assert all(r[f"solved_{s}"] == 0 for s in learning.TASK_TYPES.values() if s != short)
+    # a task type with no evaluation game: 0 of 0
+    absent = [s for t, s in learning.TASK_TYPES.items() if t not in games]
+    assert all(r[f"games_{s}"] == 0 and r[f"solved_{s}"] == 0 for s in absent)
+
+    webshop = learning.finished_run(
+        write_run(tmp_path, "grpo_webshop__swap__1", [(0, 0.1, 50.0), (400, 0.2, 60.0)]), 400
+    )
+    assert not any(k.startswith(("solved_", "games_")) for k in webshop)
+    learning.write_tables([webshop, r], tmp_path, "")
+    back = learning.read_runs(tmp_path / "learning.csv")
+    assert back == [{k: v for k, v in x.items() if k != "curve"} for x in (webshop, r)]
+    lines = learning.type_table([webshop, r])
+    assert lines[0].startswith("\n| ppo_alfworld: games solved") and f"{short} ({games[first_type]})" in lines[0]
+    assert lines[2].split(" | ")[0] == "| step 0" and lines[3].startswith("| swap | [1] |")
+    assert not learning.type_table([webshop])
+
+
+def test_final_evaluation_measures_the_last_checkpoint_on_more_seeds(tmp_path, monkeypatch):
+    """--final-eval-tasks N: one --eval-only run of each finished run's checkpoint on N held-out seeds (the pair's
+    flags first, the table's --script-flags last), reused on a rerun; its row pairs it with the start on N seeds."""
+    run = write_run(tmp_path, "gigpo_alfworld__swap__2", [(0, 0.1, 0.0), (900, 0.3, 0.0)])
+    (run / "exp_1" / "checkpoints").mkdir()
+    result = learning.finished_run(run, 900)
+    calls = []
+
+    def fake_script(script, flags, runs_dir, what):
+        calls.append((script, flags, runs_dir.name))
+        write_run(runs_dir.parent.parent, runs_dir.name, [(900, 0.25, 0.0)])
+        return 1.0
+
+    monkeypatch.setattr(learning, "run_script", fake_script)
+    start = {"env_steps": 0, "eval/success_rate": 0.125}
+    for _ in range(2):
+        row = learning.final_eval(result, 1000, tmp_path, start, ("--model-name", "x"))
+        assert (row["pair"], row["variant"], row["seed"], row["env_steps"]) == ("gigpo_alfworld", "swap", 2, 900)
+        assert (row["success_start"], row["success"]) == (0.125, 0.25)
+    ((script, flags, name),) = calls
+    assert script == "rspo_gigpo.py" and name == "final__gigpo_alfworld__swap__2__n1000"
+    assert flags[:2] == ["--env", "alfworld"] and flags[-2:] == ["--model-name", "x"]
+    assert "--eval-only" in flags and flags[flags.index("--resume") + 1] == str(run / "exp_1")
+    assert flags[flags.index("--num-eval-tasks") + 1] == "1000"
+    # a run folder without its checkpoint cannot be measured again: the error names it
+    other = learning.finished_run(write_run(tmp_path, "ppo_alfworld__swap__2", [(0, 0.1, 0.0), (900, 0.3, 0.0)]), 900)
+    with pytest.raises(RuntimeError, match="ppo_alfworld__swap__2: 0 run folders with checkpoints"):
+        learning.final_eval(other, 1000, tmp_path, start)
