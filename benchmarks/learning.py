@@ -638,12 +638,15 @@ def print_tables(summary: list[dict], results: list[dict], goals: str) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
         score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
-        b = s["explorer_success_all_mean"]
+        first, last, policy, b = (
+            s[k] if s[k] != "" else "-"
+            for k in ("train_success_first10_mean", "train_success_last10_mean", "train_success_all_mean",
+                      "explorer_success_all_mean")
+        )  # fmt: skip
         print(
             f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
-            f"{s['success_ci95']:.3f} | {score} | {s['train_success_first10_mean']} -> "
-            f"{s['train_success_last10_mean']} | {s['train_success_all_mean']} / {b if b != '' else '-'} "
-            f"| {s['env_steps_mean']} | {s['seeds']} |"
+            f"{s['success_ci95']:.3f} | {score} | {first} -> {last} | {policy} / {b} | {s['env_steps_mean']} "
+            f"| {s['seeds']} |"
         )
     print("\n| pair | paired by seed | mean | 95% interval | per seed |\n|---|---|---|---|---|")
     for d in paired_differences(results):
