@@ -220,7 +220,7 @@ def solved_by_type(runs_dir: pathlib.Path, first: dict, last: dict) -> dict[str,
     (WebShop) or did not play the embedded ALFWorld."""
     configs = list(runs_dir.glob("*/config.json"))
     args = json.loads(configs[0].read_text())["args"] if len(configs) == 1 else {}
-    if args.get("env_backend") != "embedded" or not any(k.startswith("eval/success_pick") for k in last):
+    if args.get("env_backend") != "embedded" or not any(f"eval/success_{t}" in last for t in TASK_TYPES):
         return {}
     games = games_by_type(args["env_preset"], args["eval_split"], args["num_eval_tasks"], args["train_pool_size"])
     out = {}
@@ -265,6 +265,16 @@ def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path, e
         flags += split_flags(eval_split)
         run_script(INITIAL_EVAL[env_name], flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
     return eval_rows(runs_dir)[0]
+
+
+def initial_evals(
+    pairs_seeds: list[tuple[str, int]], eval_tasks: int, out: pathlib.Path, eval_split: str, jobs: int
+) -> dict[tuple[str, int], dict]:
+    """initial_eval of the (env, seed) of every (pair, seed), `jobs` at a time, each once: run before the runs or
+    evaluations that share a start, which would otherwise evaluate it into the same folder at the same time."""
+    starts = sorted({(pair_env(pair), seed) for pair, seed in pairs_seeds})
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, out, eval_split), starts)))
 
 
 def split_flags(eval_split: str) -> list[str]:
@@ -583,10 +593,8 @@ def main() -> None:
     lock = threading.Lock()
 
     # Step 0 of every (env, seed) first, shared by the runs on it (a failure here stops the table: nothing to share)
-    starts = sorted({(pair_env(pair), s) for pair, _, s in jobs})
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, a.out, a.eval_split), starts)))
-    print(f"step-0 evaluations of {len(starts)} (env, seed) models: {time.time() - t0:.0f} s")
+    initial = initial_evals([(pair, s) for pair, _, s in jobs], eval_tasks, a.out, a.eval_split, a.jobs)
+    print(f"step-0 evaluations of {len(initial)} (env, seed) models: {time.time() - t0:.0f} s")
 
     def attempt(job):
         # One failed run is reported at the end; it does not throw away the hours of runs around it. The CSVs
@@ -618,9 +626,8 @@ def main() -> None:
         print(f"\nThe final policies on the first {a.final_eval_tasks} {goals} seeds (--final-eval-tasks):")
         mine = [r for r in results if r not in earlier]  # --add-runs: their checkpoints are in another --out
         n = a.final_eval_tasks
-        with ThreadPoolExecutor(max_workers=a.jobs) as pool:  # the starts first: one evaluation each, then shared
-            starts = sorted({(pair_env(r["pair"]), r["seed"]) for r in mine})
-            initial = dict(zip(starts, pool.map(lambda es: initial_eval(*es, n, a.out, a.eval_split), starts)))
+        initial = initial_evals([(r["pair"], r["seed"]) for r in mine], n, a.out, a.eval_split, a.jobs)
+        with ThreadPoolExecutor(max_workers=a.jobs) as pool:
             finals = list(pool.map(
                 lambda r: final_eval(r, n, a.out, initial[(pair_env(r["pair"]), r["seed"])], script_flags,
                                      a.eval_split), mine,
