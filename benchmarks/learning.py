@@ -24,6 +24,13 @@ pair).
     python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (266 s, 2-core AMD EPYC)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
+Does this CPU repeat a committed table? Run some of its seeds with the table's own flags (docs/results.md has them)
+and --compare its CSV; the runs it has are printed as the same or with what differs (one command, wrapped here):
+
+    python benchmarks/learning.py --only grpo_webshop --seeds 1 --secondary-seeds 0 --total-env-steps 4000
+        --num-eval-tasks 200 --eval-every 20 --out /tmp/check
+        --compare benchmarks/results/converged_grpo_webshop/learning.csv
+
 Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total-env-steps sets one budget for all).
 Measured on a 2-core AMD EPYC, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took 2,521
 s (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop); those
@@ -181,6 +188,30 @@ def read_runs(path: pathlib.Path) -> list[dict]:
         rows = [{k: value(k, v) for k, v in row.items()} for row in csv.DictReader(f)]
     # a per-type column is empty in the runs that have none (WebShop beside ALFWorld): they read back without it
     return [{k: v for k, v in r.items() if v != "" or not k.startswith(("solved_", "games_"))} for r in rows]
+
+
+# What a rerun of a run must repeat, to the digit, to call it the same run (besides the per-type counts, solved_*)
+REPEATED = ("env_steps", "success_start", "success", "score_start", "score")
+
+
+def compare_runs(results: list[dict], reference: list[dict]) -> tuple[int, list[str]]:
+    """--compare: the runs of `results` that `reference` (an earlier table's rows) also has, by (pair, variant, seed).
+
+    Returns (how many of them repeat their row exactly in REPEATED and the solved_* counts, one line per run
+    compared). A value written to a CSV reads back as the same float, so "the same" is ==, not a tolerance.
+    """
+    earlier = {(r["pair"], r["variant"], r["seed"]): r for r in reference}
+    same, lines = 0, []
+    for r in results:
+        e = earlier.get((r["pair"], r["variant"], r["seed"]))
+        if e is None:
+            continue
+        keys = [*REPEATED, *sorted(k for k in {*r, *e} if k.startswith("solved_"))]
+        differ = [f"{k} {e.get(k, '')} -> {r.get(k, '')}" for k in keys if r.get(k, "") != e.get(k, "")]
+        same += not differ
+        what = "the same" if not differ else "differs: " + ", ".join(differ)
+        lines.append(f"{r['pair']} {r['variant']} seed {r['seed']}: {what}")
+    return same, lines
 
 
 def read_metrics(path: pathlib.Path) -> list[dict]:
@@ -534,6 +565,15 @@ def main() -> None:
         "table's CSVs and printed tables; the PNG shows this command's runs only",
     )
     p.add_argument(
+        "--compare",
+        type=pathlib.Path,
+        action="append",
+        default=[],
+        help="an earlier table's learning.csv (repeatable): after the runs, say which of them repeat that table's "
+        "row of the same pair, variant and seed to the digit (env steps, success and score at step 0 and at the "
+        "end, games solved per type): the check that another machine reproduces a committed table",
+    )
+    p.add_argument(
         "--variant",
         dest="variants",
         choices=[*MAIN_VARIANTS, *SECONDARY_VARIANTS],
@@ -622,6 +662,11 @@ def main() -> None:
     results = sorted(earlier + results, key=lambda r: (r["seed"], list(PAIRS).index(r["pair"])))
     summary = write_tables(results, a.out, suffix)
     print_tables(summary, results, goals)
+    if a.compare:
+        mine = [r for r in results if r not in earlier]
+        same, lines = compare_runs(mine, [r for path in a.compare for r in read_runs(path)])
+        print(f"\n--compare: {same} of {len(lines)} runs found in {', '.join(map(str, a.compare))} repeat their row")
+        print("\n".join(lines))
     if a.final_eval_tasks:
         print(f"\nThe final policies on the first {a.final_eval_tasks} {goals} seeds (--final-eval-tasks):")
         mine = [r for r in results if r not in earlier]  # --add-runs: their checkpoints are in another --out

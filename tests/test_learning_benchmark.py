@@ -118,6 +118,27 @@ def test_tables_summarise_over_seeds(tmp_path):
     assert learning.summarise(back) == summary
 
 
+def test_compare_names_the_runs_that_repeat_an_earlier_table_and_what_differs(tmp_path):
+    """--compare: a run is the same only if every repeated figure is equal to the digit (no tolerance: a CSV
+    reads back the float it was written from); a run the earlier table does not have is not compared."""
+
+    def runs(out, finals):
+        return [
+            learning.finished_run(write_run(out, f"grpo_webshop__swap__{s}", [(0, 0.07, 50.2), (4000, b, sc)]), 4000)
+            for s, b, sc in finals
+        ]
+
+    learning.write_tables(runs(tmp_path / "earlier", [(1, 0.17, 62.1), (2, 0.28, 62.1)]), tmp_path, "")
+    reference = learning.read_runs(tmp_path / "learning.csv")
+    now = runs(tmp_path / "now", [(1, 0.17, 62.1), (2, 0.275, 62.1000001), (3, 0.2, 60.0)])
+    same, lines = learning.compare_runs(now, reference)
+    assert same == 1
+    assert lines == [
+        "grpo_webshop swap seed 1: the same",
+        "grpo_webshop swap seed 2: differs: success 0.28 -> 0.275, score 62.1 -> 62.1000001",
+    ]
+
+
 def test_later_seeds_extend_an_earlier_table():
     """--first-seed 6 --seeds 5: seeds 6-10 of every variant, secondary variants on the first of them."""
     jobs = learning.jobs_for(["grpo_webshop"], seeds=5, secondary_seeds=1, first_seed=6)
