@@ -197,8 +197,9 @@ REPEATED = ("env_steps", "success_start", "success", "score_start", "score")
 def compare_runs(results: list[dict], reference: list[dict]) -> tuple[int, list[str]]:
     """--compare: the runs of `results` that `reference` (an earlier table's rows) also has, by (pair, variant, seed).
 
-    Returns (how many of them repeat their row exactly in REPEATED and the solved_* counts, one line per run
-    compared). A value written to a CSV reads back as the same float, so "the same" is ==, not a tolerance.
+    Returns (how many of them repeat their row exactly in REPEATED and in the solved_* counts both rows have, one
+    line per run compared). A value written to a CSV reads back as the same float, so "the same" is ==, not a
+    tolerance.
     """
     earlier = {(r["pair"], r["variant"], r["seed"]): r for r in reference}
     same, lines = 0, []
@@ -206,7 +207,7 @@ def compare_runs(results: list[dict], reference: list[dict]) -> tuple[int, list[
         e = earlier.get((r["pair"], r["variant"], r["seed"]))
         if e is None:
             continue
-        keys = [*REPEATED, *sorted(k for k in {*r, *e} if k.startswith("solved_"))]
+        keys = [*REPEATED, *sorted(k for k in r.keys() & e.keys() if k.startswith("solved_"))]  # older rows: none
         differ = [f"{k} {e.get(k, '')} -> {r.get(k, '')}" for k in keys if r.get(k, "") != e.get(k, "")]
         same += not differ
         what = "the same" if not differ else "differs: " + ", ".join(differ)

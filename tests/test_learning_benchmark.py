@@ -137,6 +137,17 @@ def test_compare_names_the_runs_that_repeat_an_earlier_table_and_what_differs(tm
         "grpo_webshop swap seed 1: the same",
         "grpo_webshop swap seed 2: differs: success 0.28 -> 0.275, score 62.1 -> 62.1000001",
     ]
+    # ALFWorld: the games solved per type count where both rows have them (rows written before they were: not)
+    row = {"pair": "ppo_alfworld", "variant": "swap", "seed": 1, "env_steps": 12071, "success_start": 0.135}
+    row |= {"success": 0.16, "score_start": "", "score": "", "solved_look": 8, "solved_heat_start": 0}
+    rerun = row | {"env_steps": 12069, "success": 0.165, "solved_look": 9, "solved_heat_start": 1, "solved_two": 2}
+    assert learning.compare_runs([rerun], [row]) == (
+        0,
+        ["ppo_alfworld swap seed 1: differs: env_steps 12071 -> 12069, success 0.16 -> 0.165, solved_heat_start 0 -> 1, "
+         "solved_look 8 -> 9"],
+    )  # fmt: skip
+    older = {k: v for k, v in row.items() if not k.startswith("solved_")}
+    assert learning.compare_runs([row], [older]) == (1, ["ppo_alfworld swap seed 1: the same"])
 
 
 def test_later_seeds_extend_an_earlier_table():
