@@ -664,14 +664,13 @@ def main() -> None:
     results = sorted(earlier + results, key=lambda r: (r["seed"], list(PAIRS).index(r["pair"])))
     summary = write_tables(results, a.out, suffix)
     print_tables(summary, results, goals)
+    mine = [r for r in results if r not in earlier]  # --add-runs: their checkpoints are in another --out
     if a.compare:
-        mine = [r for r in results if r not in earlier]
         same, lines = compare_runs(mine, [r for path in a.compare for r in read_runs(path)])
         print(f"\n--compare: {same} of {len(lines)} runs found in {', '.join(map(str, a.compare))} repeat their row")
         print("\n".join(lines))
     if a.final_eval_tasks:
         print(f"\nThe final policies on the first {a.final_eval_tasks} {goals} seeds (--final-eval-tasks):")
-        mine = [r for r in results if r not in earlier]  # --add-runs: their checkpoints are in another --out
         n = a.final_eval_tasks
         initial = initial_evals([(r["pair"], r["seed"]) for r in mine], n, a.out, a.eval_split, a.jobs)
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
