@@ -35,8 +35,8 @@ Runs take 4,000 env steps on WebShop and 12,000 on ALFWorld (ENV_BUDGET; --total
 Measured on a 2-core AMD EPYC with AVX2, two runs at a time (2026-12-05/06): the main variants of the WebShop pairs took
 2,521 s (GRPO) and 2,457 s (GiGPO) for 5 seeds (benchmarks/results/converged_grpo_webshop, converged_gigpo_webshop);
 those of the ALFWorld pairs, 40 runs of 353-956 s (GiGPO outcome_big the shortest, PPO swap the longest), about 3 h 15
-min (benchmarks/results/searcher_alfworld_all). So the whole table takes about 5 h (about 4 h on an AVX-512 EPYC, by the
-run times of seed 1 there: 0.71-0.87 times as long on ALFWorld, 1.02-1.15 on WebShop): more than the 2.5 h it was meant
+min (benchmarks/results/searcher_alfworld_all). So the whole table takes about 5 h (by the run times of seed 1 on two
+AVX-512 EPYCs: about 4 h on one of family 25, about 3 h 30 min on one of family 26): more than the 2.5 h it was meant
 to fit, which ALFWorld's 4,000-step budget did, on which no ALFWorld variant learned (docs/results.md, probes 8, 13-15).
 Those ALFWorld runs spent 53-80% of their time updating (PPO swap: 25 s an iteration for the policy, its critic, agent B
 and B's critic, against 4 s of rollout), 11-22% in rollouts, the rest evaluating, checkpointing and starting (the runs'
