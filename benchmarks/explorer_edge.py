@@ -1,0 +1,113 @@
+"""Does swap gain where agent B succeeds more often than the policy? Pooled over the committed tables and probes.
+
+For every swap run that has an outcome-only run of the same pair, seed, budget and evaluation goals:
+y = swap minus outcome-only held-out success (on the most goals the run was evaluated on: a table's
+--final-eval-tasks CSV where there is one), and B's edge in sampled success (run means), measured two ways:
+x = B's minus the swap run's policy's, on the same training tasks (explorer_success_all - train_success_all);
+x' = B's minus the outcome-only run's policy's. Neither is clean: a swap policy that trains badly raises x and lowers
+y (x's r is biased down), an outcome-only policy that trains badly raises x' and raises y (x''s r is biased up):
+read the two together. Prints each pair of runs, Pearson's r of each with its 95% interval (Fisher's z), and the
+mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
+five pairs with the largest x.
+
+    python benchmarks/explorer_edge.py
+
+Reads CSVs only (nothing is trained). The validation probes 16-19 share their outcome-only runs, so their y's are not
+independent of each other: the intervals are a guide, not a test.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import pathlib
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from learning import t_ci95  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+PROBES = "probe_agent_b_regimes/"
+
+# (label, learning.csv of the runs, the CSV of their re-evaluation on more goals or None, {column: value} that the
+# swap runs must match, or None); outcome-only runs are taken from the same file, or from `OUTCOME_FROM`.
+SETS = [
+    ("test, 500 goals", "converged_grpo_webshop_10/learning.csv", "converged_grpo_webshop_final500/learning_final500.csv", None),
+    ("test, 500 goals", "converged_gigpo_webshop/learning.csv", "converged_gigpo_webshop_final500/learning_final500.csv", None),
+    ("test, 1,000 games", "searcher_alfworld_all/learning.csv", "searcher_alfworld_all/learning_final1000.csv", None),
+    ("probe 16, G_off 4", PROBES + "p16_explorer_share_valid500_learning.csv", None, {"g_on+g_off": "4+4"}),
+    ("probe 16, G_off 2", PROBES + "p16_explorer_share_valid500_learning.csv", None, {"g_on+g_off": "4+2"}),
+    ("probe 16, G_on = G_off = 2", PROBES + "p16_explorer_share_valid500_learning.csv", None, {"g_on+g_off": "2+2"}),
+    ("probe 17, B at 0.7", PROBES + "p17_explorer_temperature07_valid500_learning.csv", None, None),
+    ("probe 18, B aligned", PROBES + "p18_aligned_explorer_valid500_learning.csv", None, None),
+    ("probe 19, B aligned, lr 1e-3", PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv", None, None),
+    ("probe 20, ALFWorld, B aligned", PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv", None, None),
+]  # fmt: skip
+OUTCOME_FROM = {  # probes that ran swap only, against an earlier probe's outcome-only runs on the same goals
+    PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
+    PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
+}
+
+
+def read(path: str) -> list[dict]:
+    with open(RESULTS / path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> list[tuple]:
+    """(label, pair, seed, x, x', y) for each swap run of `path` that has an outcome-only run of its pair and seed."""
+    rows = read(path)
+    swaps = [r for r in rows if r["variant"] == "swap" and all(r[k] == v for k, v in (match or {}).items())]
+    outcome = {
+        (r["pair"], r["seed"]): r for r in rows + read(OUTCOME_FROM.get(path, path)) if r["variant"] == "outcome"
+    }
+    again = {(r["pair"], r["variant"], r["seed"]): float(r["success"]) for r in (read(final) if final else [])}
+
+    def success(r: dict) -> float:  # the run's own final evaluation, or its re-evaluation on more goals
+        return again.get((r["pair"], r["variant"], r["seed"]), float(r["success"]))
+
+    out = []
+    for r in swaps:
+        control = outcome.get((r["pair"], r["seed"]))
+        if control is not None and r["explorer_success_all"]:
+            b = float(r["explorer_success_all"])
+            x, x_outcome = b - float(r["train_success_all"]), b - float(control["train_success_all"])
+            out.append((label, r["pair"], int(r["seed"]), x, x_outcome, success(r) - success(control)))
+    return out
+
+
+def pearson_ci95(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Pearson's r and its 95% interval, tanh(atanh(r) -+ 1.96 / sqrt(n - 3))."""
+    r = statistics.correlation(xs, ys)
+    half = 1.96 / math.sqrt(len(xs) - 3)
+    return r, math.tanh(math.atanh(r) - half), math.tanh(math.atanh(r) + half)
+
+
+def main() -> None:
+    data = [p for s in SETS for p in pairs_of(*s)]
+    print(f"{'set':<28} {'pair':<15} seed        x       x'  swap - outcome")
+    for label, pair, seed, x, x_outcome, y in data:
+        print(f"{label:<28} {pair:<15} {seed:>4}  {x:+.3f}  {x_outcome:+.3f}  {y:+14.3f}")
+    xs, ys = [d[3] for d in data], [d[5] for d in data]
+    print(f"\n{len(data)} pairs of runs; B - its own policy (x) from {min(xs):+.3f} to {max(xs):+.3f}")
+    for name, k in (("x  (B - the swap run's policy)", 3), ("x' (B - the outcome-only run's policy)", 4)):
+        r, low, high = pearson_ci95([d[k] for d in data], ys)
+        print(f"Pearson r of swap - outcome on {name}: {r:+.3f}, 95% interval [{low:+.3f}, {high:+.3f}]")
+    for name, group in (("B ahead (x > 0)", [y for x, y in zip(xs, ys) if x > 0]),
+                        ("B not ahead (x <= 0)", [y for x, y in zip(xs, ys) if x <= 0])):  # fmt: skip
+        mean, half = t_ci95(group)
+        print(f"{name:<21} {len(group):>3} pairs: swap - outcome {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]")
+    print(
+        "the five largest x:",
+        ", ".join(f"{d[0]}, {d[1]} seed {d[2]}: x {d[3]:+.3f}, y {d[5]:+.3f}" for d in top_x(data, 5)),
+    )
+
+
+def top_x(data: list[tuple], k: int) -> list[tuple]:
+    """The k pairs of runs in which B was furthest ahead of its own policy."""
+    return sorted(data, key=lambda d: -d[3])[:k]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""benchmarks/explorer_edge.py: the pooled link between agent B's edge and swap's gain, against hand-computed numbers."""
+
+import importlib.util
+import math
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("explorer_edge", ROOT / "benchmarks" / "explorer_edge.py")
+edge = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(edge)
+
+
+def test_pearson_ci95_by_hand():
+    # deviations (-2,-1,0,1,2) and (-1,-2,1,0,2): r = 8 / sqrt(10 * 10) = 0.8; Fisher half-width 1.96 / sqrt(5 - 3)
+    r, low, high = edge.pearson_ci95([1, 2, 3, 4, 5], [2, 1, 4, 3, 5])
+    assert r == pytest.approx(0.8)
+    assert low == pytest.approx(math.tanh(math.atanh(0.8) - 1.96 / math.sqrt(2)))
+    assert (low, high) == pytest.approx((-0.2796, 0.9861), abs=1e-4)
+
+
+def by_seed(pairs, pair, seed):
+    (hit,) = [p for p in pairs if p[1] == pair and p[2] == seed]
+    return hit[3:]
+
+
+def test_pairs_from_a_table_use_its_larger_re_evaluation():
+    # converged_grpo_webshop_10 seed 1: B 0.0699, swap policy 0.0533, outcome policy 0.1278 (sampled, run means);
+    # on the 500 test goals swap 0.146, outcome 0.184 (not the 200-goal 0.17 and 0.22)
+    label, path, final, match = edge.SETS[0]
+    x, x_outcome, y = by_seed(edge.pairs_of(label, path, final, match), "grpo_webshop", 1)
+    assert (x, x_outcome, y) == pytest.approx((0.0699 - 0.0533, 0.0699 - 0.1278, 0.146 - 0.184))
+
+
+def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
+    sets = {label: (path, final, match) for label, path, final, match in edge.SETS}
+    # probe 16, G_off 2, seed 3: swap 0.248 (B 0.1223, policy 0.125); the file's outcome run 0.174 (policy 0.178),
+    # not one of the other settings' swap runs of seed 3 (0.166, 0.244)
+    x, x_outcome, y = by_seed(edge.pairs_of("p16", *sets["probe 16, G_off 2"]), "grpo_webshop", 3)
+    assert (x, x_outcome, y) == pytest.approx((0.1223 - 0.125, 0.1223 - 0.178, 0.248 - 0.174))
+    # probe 17 has no outcome runs of its own: seed 3's swap 0.194 (B 0.1196, policy 0.1375) against probe 16's
+    x, x_outcome, y = by_seed(edge.pairs_of("p17", *sets["probe 17, B at 0.7"]), "grpo_webshop", 3)
+    assert (x, x_outcome, y) == pytest.approx((0.1196 - 0.1375, 0.1196 - 0.178, 0.194 - 0.174))
