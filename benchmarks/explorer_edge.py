@@ -23,6 +23,7 @@ import math
 import pathlib
 import statistics
 import sys
+from typing import NamedTuple
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from learning import t_ci95  # noqa: E402
@@ -50,18 +51,28 @@ OUTCOME_FROM = {  # probes that ran swap only, against an earlier probe's outcom
 }
 
 
+class Pair(NamedTuple):
+    """A swap run and its outcome-only run: B's edge over each run's policy (x, x') and swap - outcome (y)."""
+
+    label: str
+    pair: str
+    seed: int
+    x: float
+    x_outcome: float
+    y: float
+
+
 def read(path: str) -> list[dict]:
     with open(RESULTS / path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> list[tuple]:
-    """(label, pair, seed, x, x', y) for each swap run of `path` that has an outcome-only run of its pair and seed."""
+def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> list[Pair]:
+    """A Pair for each swap run of `path` that has an outcome-only run of its pair and seed."""
     rows = read(path)
     swaps = [r for r in rows if r["variant"] == "swap" and all(r[k] == v for k, v in (match or {}).items())]
-    outcome = {
-        (r["pair"], r["seed"]): r for r in rows + read(OUTCOME_FROM.get(path, path)) if r["variant"] == "outcome"
-    }
+    borrowed = read(OUTCOME_FROM[path]) if path in OUTCOME_FROM else []
+    outcome = {(r["pair"], r["seed"]): r for r in rows + borrowed if r["variant"] == "outcome"}
     again = {(r["pair"], r["variant"], r["seed"]): float(r["success"]) for r in (read(final) if final else [])}
 
     def success(r: dict) -> float:  # the run's own final evaluation, or its re-evaluation on more goals
@@ -73,7 +84,7 @@ def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> li
         if control is not None and r["explorer_success_all"]:
             b = float(r["explorer_success_all"])
             x, x_outcome = b - float(r["train_success_all"]), b - float(control["train_success_all"])
-            out.append((label, r["pair"], int(r["seed"]), x, x_outcome, success(r) - success(control)))
+            out.append(Pair(label, r["pair"], int(r["seed"]), x, x_outcome, success(r) - success(control)))
     return out
 
 
@@ -89,10 +100,11 @@ def main() -> None:
     print(f"{'set':<28} {'pair':<15} seed        x       x'  swap - outcome")
     for label, pair, seed, x, x_outcome, y in data:
         print(f"{label:<28} {pair:<15} {seed:>4}  {x:+.3f}  {x_outcome:+.3f}  {y:+14.3f}")
-    xs, ys = [d[3] for d in data], [d[5] for d in data]
+    xs, ys = [d.x for d in data], [d.y for d in data]
     print(f"\n{len(data)} pairs of runs; B - its own policy (x) from {min(xs):+.3f} to {max(xs):+.3f}")
-    for name, k in (("x  (B - the swap run's policy)", 3), ("x' (B - the outcome-only run's policy)", 4)):
-        r, low, high = pearson_ci95([d[k] for d in data], ys)
+    for name, edge in (("x  (B - the swap run's policy)", xs), ("x' (B - the outcome-only run's policy)",
+                                                            [d.x_outcome for d in data])):  # fmt: skip
+        r, low, high = pearson_ci95(edge, ys)
         print(f"Pearson r of swap - outcome on {name}: {r:+.3f}, 95% interval [{low:+.3f}, {high:+.3f}]")
     for name, group in (("B ahead (x > 0)", [y for x, y in zip(xs, ys) if x > 0]),
                         ("B not ahead (x <= 0)", [y for x, y in zip(xs, ys) if x <= 0])):  # fmt: skip
@@ -100,13 +112,13 @@ def main() -> None:
         print(f"{name:<21} {len(group):>3} pairs: swap - outcome {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]")
     print(
         "the five largest x:",
-        ", ".join(f"{d[0]}, {d[1]} seed {d[2]}: x {d[3]:+.3f}, y {d[5]:+.3f}" for d in top_x(data, 5)),
+        ", ".join(f"{d.label}, {d.pair} seed {d.seed}: x {d.x:+.3f}, y {d.y:+.3f}" for d in top_x(data, 5)),
     )
 
 
-def top_x(data: list[tuple], k: int) -> list[tuple]:
+def top_x(data: list[Pair], k: int) -> list[Pair]:
     """The k pairs of runs in which B was furthest ahead of its own policy."""
-    return sorted(data, key=lambda d: -d[3])[:k]
+    return sorted(data, key=lambda d: -d.x)[:k]
 
 
 if __name__ == "__main__":
