@@ -10,6 +10,10 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
+Then the premise under it (probe 21): does training on the aligned dense reward alone raise success faster than
+training on the outcome? Process-only minus outcome-only, paired by seed: sampled training success over the whole
+run and over its first 10 iterations, and validation success, each with its 95% t interval.
+
     python benchmarks/explorer_edge.py
 
 Reads CSVs only (nothing is trained). The validation probes 16-19 share their outcome-only runs, so their y's are not
@@ -62,6 +66,17 @@ class Pair(NamedTuple):
     y: float
 
 
+# (pair, the process-only runs on the aligned reward, the files that hold the outcome-only runs of their seeds)
+PREMISE = [
+    ("GRPO/WebShop", PROBES + "p21_grpo_webshop_process_aligned_valid500_learning.csv",
+     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
+    ("PPO/ALFWorld", PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv",
+     [PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv",
+      PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv"]),
+]  # fmt: skip
+PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
+
+
 def read(path: str) -> list[dict]:
     with open(RESULTS / path, newline="") as f:
         return list(csv.DictReader(f))
@@ -86,6 +101,14 @@ def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> li
             x, x_outcome = b - float(r["train_success_all"]), b - float(control["train_success_all"])
             out.append(Pair(label, r["pair"], int(r["seed"]), x, x_outcome, success(r) - success(control)))
     return out
+
+
+def premise_differences(process_path: str, outcome_paths: list[str]) -> dict[str, list[float]]:
+    """Process-only minus outcome-only per seed (in seed order), for each of PREMISE_COLUMNS."""
+    process = {int(r["seed"]): r for r in read(process_path) if r["variant"] == "process"}
+    outcome = {int(r["seed"]): r for path in outcome_paths for r in read(path) if r["variant"] == "outcome"}
+    seeds = sorted(process.keys() & outcome.keys())
+    return {k: [float(process[s][k]) - float(outcome[s][k]) for s in seeds] for k in PREMISE_COLUMNS}
 
 
 def pearson_ci95(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
@@ -114,6 +137,13 @@ def main() -> None:
         "the five largest x:",
         ", ".join(f"{d.label}, {d.pair} seed {d.seed}: x {d.x:+.3f}, y {d.y:+.3f}" for d in top_x(data, 5)),
     )
+    print("\nthe premise: process-only on the aligned reward minus outcome-only, paired by seed")
+    for pair, process_path, outcome_paths in PREMISE:
+        for column, diffs in premise_differences(process_path, outcome_paths).items():
+            mean, half = t_ci95(diffs)
+            print(
+                f"{pair:<13} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+            )
 
 
 def top_x(data: list[Pair], k: int) -> list[Pair]:

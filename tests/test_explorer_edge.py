@@ -42,3 +42,14 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
     # probe 17 has no outcome runs of its own: seed 3's swap 0.194 (B 0.1196, policy 0.1375) against probe 16's
     x, x_outcome, y = by_seed(edge.pairs_of("p17", *sets["probe 17, B at 0.7"]), "grpo_webshop", 3)
     assert (x, x_outcome, y) == pytest.approx((0.1196 - 0.1375, 0.1196 - 0.178, 0.194 - 0.174))
+
+
+def test_premise_differences_pair_process_and_outcome_runs_by_seed():
+    (_, webshop, webshop_outcome), (_, alfworld, alfworld_outcome) = edge.PREMISE
+    d = edge.premise_differences(webshop, webshop_outcome)
+    # seed 1: process (aligned) sampled 0.1071, validation 0.184; probe 18's outcome-only 0.1278 and 0.168
+    assert len(d["success"]) == 10
+    assert (d["train_success_all"][0], d["success"][0]) == pytest.approx((0.1071 - 0.1278, 0.184 - 0.168))
+    d = edge.premise_differences(alfworld, alfworld_outcome)
+    # seed 1's outcome-only run is probe 20's (0.200), seed 4's sits in probe 21's own file (0.190)
+    assert d["success"] == pytest.approx([0.145 - 0.200, 0.170 - 0.190, 0.195 - 0.165, 0.155 - 0.190, 0.160 - 0.160])
