@@ -10,8 +10,8 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probe 21): does training on the aligned dense reward alone raise success faster than
-training on the outcome? Process-only minus outcome-only, paired by seed: sampled training success over the whole
+Then the premise under it (probes 21-23): does training on the aligned dense reward alone raise success faster
+than training on the outcome? Process-only minus outcome-only, paired by seed: sampled training success over the whole
 run and over its first 10 iterations, and validation success, each with its 95% t interval.
 
     python benchmarks/explorer_edge.py
@@ -48,6 +48,8 @@ SETS = [
     ("probe 18, B aligned", PROBES + "p18_aligned_explorer_valid500_learning.csv", None, None),
     ("probe 19, B aligned, lr 1e-3", PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv", None, None),
     ("probe 20, ALFWorld, B aligned", PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv", None, None),
+    ("probe 22, GiGPO, B aligned", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv", None, None),
+    ("probe 23, ALFWorld, B aligned", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv", None, None),
 ]  # fmt: skip
 OUTCOME_FROM = {  # probes that ran swap only, against an earlier probe's outcome-only runs on the same goals
     PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
@@ -73,6 +75,10 @@ PREMISE = [
     ("PPO/ALFWorld", PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv",
      [PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv",
       PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv"]),
+    ("GiGPO/WebShop", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
+     [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv"]),
+    ("GiGPO/ALFWorld", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv",
+     [PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv"]),
 ]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
@@ -120,9 +126,9 @@ def pearson_ci95(xs: list[float], ys: list[float]) -> tuple[float, float, float]
 
 def main() -> None:
     data = [p for s in SETS for p in pairs_of(*s)]
-    print(f"{'set':<28} {'pair':<15} seed        x       x'  swap - outcome")
+    print(f"{'set':<30} {'pair':<15} seed        x       x'  swap - outcome")
     for label, pair, seed, x, x_outcome, y in data:
-        print(f"{label:<28} {pair:<15} {seed:>4}  {x:+.3f}  {x_outcome:+.3f}  {y:+14.3f}")
+        print(f"{label:<30} {pair:<15} {seed:>4}  {x:+.3f}  {x_outcome:+.3f}  {y:+14.3f}")
     xs, ys = [d.x for d in data], [d.y for d in data]
     print(f"\n{len(data)} pairs of runs; B - its own policy (x) from {min(xs):+.3f} to {max(xs):+.3f}")
     for name, edge in (("x  (B - the swap run's policy)", xs), ("x' (B - the outcome-only run's policy)",
@@ -142,7 +148,7 @@ def main() -> None:
         for column, diffs in premise_differences(process_path, outcome_paths).items():
             mean, half = t_ci95(diffs)
             print(
-                f"{pair:<13} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
+                f"{pair:<14} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
             )
 
 

@@ -45,7 +45,8 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
 
 
 def test_premise_differences_pair_process_and_outcome_runs_by_seed():
-    (_, webshop, webshop_outcome), (_, alfworld, alfworld_outcome) = edge.PREMISE
+    premise = {pair: (process, outcome) for pair, process, outcome in edge.PREMISE}
+    (webshop, webshop_outcome), (alfworld, alfworld_outcome) = premise["GRPO/WebShop"], premise["PPO/ALFWorld"]
     d = edge.premise_differences(webshop, webshop_outcome)
     # seed 1: process (aligned) sampled 0.1071, validation 0.184; probe 18's outcome-only 0.1278 and 0.168
     assert len(d["success"]) == 10
@@ -53,3 +54,6 @@ def test_premise_differences_pair_process_and_outcome_runs_by_seed():
     d = edge.premise_differences(alfworld, alfworld_outcome)
     # seed 1's outcome-only run is probe 20's (0.200), seed 4's sits in probe 21's own file (0.190)
     assert d["success"] == pytest.approx([0.145 - 0.200, 0.170 - 0.190, 0.195 - 0.165, 0.155 - 0.190, 0.160 - 0.160])
+    # probe 23 holds both variants in one file (its swap runs are not read here): validation 0.170 - 0.205, ...
+    d = edge.premise_differences(*premise["GiGPO/ALFWorld"])
+    assert d["success"] == pytest.approx([0.170 - 0.205, 0.200 - 0.165, 0.150 - 0.190, 0.165 - 0.195, 0.165 - 0.200])
