@@ -10,9 +10,10 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probes 21-23): does training on the aligned dense reward alone raise success faster
-than training on the outcome? Process-only minus outcome-only, paired by seed: sampled training success over the whole
-run and over its first 10 iterations, and validation success, each with its 95% t interval.
+Then the premise under it (probes 21-24): does training on the aligned dense reward alone (or, in probe 24, on the
+outcome plus a tenth of it) raise success faster than training on the outcome? Process-only minus outcome-only, paired
+by seed: sampled training success over the whole run and over its first 10 iterations, and validation success, each
+with its 95% t interval.
 
     python benchmarks/explorer_edge.py
 
@@ -79,6 +80,8 @@ PREMISE = [
      [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv"]),
     ("GiGPO/ALFWorld", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv",
      [PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv"]),
+    ("GRPO/WebShop, outcome + 0.1 x aligned", PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv",
+     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
 ]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
@@ -144,12 +147,12 @@ def main() -> None:
         ", ".join(f"{d.label}, {d.pair} seed {d.seed}: x {d.x:+.3f}, y {d.y:+.3f}" for d in top_x(data, 5)),
     )
     print("\nthe premise: process-only on the aligned reward minus outcome-only, paired by seed")
+    width = max(len(pair) for pair, _, _ in PREMISE)
     for pair, process_path, outcome_paths in PREMISE:
         for column, diffs in premise_differences(process_path, outcome_paths).items():
             mean, half = t_ci95(diffs)
-            print(
-                f"{pair:<14} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}]"
-            )
+            interval = f"[{mean - half:+.3f}, {mean + half:+.3f}]"
+            print(f"{pair:<{width}} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} {interval}")
 
 
 def top_x(data: list[Pair], k: int) -> list[Pair]:
