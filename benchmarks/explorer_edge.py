@@ -24,6 +24,7 @@ independent of each other: the intervals are a guide, not a test.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import pathlib
 import statistics
@@ -86,6 +87,7 @@ PREMISE = [
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
 
+@functools.cache  # the same CSV serves several sets and premises (probe 18's outcome runs, probes 22-23's own files)
 def read(path: str) -> list[dict]:
     with open(RESULTS / path, newline="") as f:
         return list(csv.DictReader(f))
