@@ -10,10 +10,10 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probes 21-24): does training on the aligned dense reward alone (or, in probe 24, on the
-outcome plus a tenth of it) raise success faster than training on the outcome? Process-only minus outcome-only, paired
-by seed: sampled training success over the whole run and over its first 10 iterations, and validation success, each
-with its 95% t interval.
+Then the premise under it (probes 21-25): does training on the aligned dense reward alone (or, in probe 24, on the
+outcome plus a tenth of it; in probe 25, on the milestone reward) raise success faster than training on the outcome?
+Process-only minus outcome-only, paired by seed: sampled training success over the whole run and over its first 10
+iterations, and validation success, each with its 95% t interval.
 
     python benchmarks/explorer_edge.py
 
@@ -52,11 +52,13 @@ SETS = [
     ("probe 20, ALFWorld, B aligned", PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv", None, None),
     ("probe 22, GiGPO, B aligned", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv", None, None),
     ("probe 23, ALFWorld, B aligned", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv", None, None),
+    ("probe 25, GiGPO, B milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv", None, None),
 ]  # fmt: skip
 OUTCOME_FROM = {  # probes that ran swap only, against an earlier probe's outcome-only runs on the same goals
     PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
     PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
-}
+    PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv": PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
+}  # fmt: skip
 
 
 class Pair(NamedTuple):
@@ -83,6 +85,11 @@ PREMISE = [
      [PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv"]),
     ("GRPO/WebShop, outcome + 0.1 x aligned", PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv",
      [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
+    ("GRPO/WebShop, milestone", PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv",
+     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
+    ("GiGPO/WebShop, milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv",
+     [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
+      PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv"]),
 ]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
@@ -148,7 +155,7 @@ def main() -> None:
         "the five largest x:",
         ", ".join(f"{d.label}, {d.pair} seed {d.seed}: x {d.x:+.3f}, y {d.y:+.3f}" for d in top_x(data, 5)),
     )
-    print("\nthe premise: process-only on the aligned reward minus outcome-only, paired by seed")
+    print("\nthe premise: process-only on the dense reward (the aligned one unless named) minus outcome-only, by seed")
     width = max(len(pair) for pair, _, _ in PREMISE)
     for pair, process_path, outcome_paths in PREMISE:
         for column, diffs in premise_differences(process_path, outcome_paths).items():

@@ -42,6 +42,10 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
     # probe 17 has no outcome runs of its own: seed 3's swap 0.194 (B 0.1196, policy 0.1375) against probe 16's
     x, x_outcome, y = by_seed(edge.pairs_of("p17", *sets["probe 17, B at 0.7"]), "grpo_webshop", 3)
     assert (x, x_outcome, y) == pytest.approx((0.1196 - 0.1375, 0.1196 - 0.178, 0.194 - 0.174))
+    # probe 25's file holds outcome runs of seeds 6-10 only; its swap of seed 4 (0.342; B 0.1818, policy 0.1307)
+    # pairs with probe 22's outcome run (0.192, policy 0.1195)
+    x, x_outcome, y = by_seed(edge.pairs_of("p25", *sets["probe 25, GiGPO, B milestone"]), "gigpo_webshop", 4)
+    assert (x, x_outcome, y) == pytest.approx((0.1818 - 0.1307, 0.1818 - 0.1195, 0.342 - 0.192))
 
 
 def test_premise_differences_pair_process_and_outcome_runs_by_seed():
@@ -57,3 +61,7 @@ def test_premise_differences_pair_process_and_outcome_runs_by_seed():
     # probe 23 holds both variants in one file (its swap runs are not read here): validation 0.170 - 0.205, ...
     d = edge.premise_differences(*premise["GiGPO/ALFWorld"])
     assert d["success"] == pytest.approx([0.170 - 0.205, 0.200 - 0.165, 0.150 - 0.190, 0.165 - 0.195, 0.165 - 0.200])
+    # probe 25 under GiGPO: outcome-only seeds 1-5 from probe 22, 6-10 from its own file (validation success)
+    d = edge.premise_differences(*premise["GiGPO/WebShop, milestone"])
+    assert len(d["success"]) == 10
+    assert [d["success"][i] for i in (0, 5, 8)] == pytest.approx([0.200 - 0.220, 0.194 - 0.214, 0.206 - 0.108])
