@@ -54,7 +54,7 @@ SETS = [
     ("probe 23, ALFWorld, B aligned", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv", None, None),
     ("probe 25, GiGPO, B milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv", None, None),
 ]  # fmt: skip
-OUTCOME_FROM = {  # probes that ran swap only, against an earlier probe's outcome-only runs on the same goals
+OUTCOME_FROM = {  # probes whose swap runs pair with an earlier probe's outcome-only runs (same goals, seeds)
     PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
     PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
     PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv": PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
