@@ -10,8 +10,8 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probes 21-25): does training on the aligned dense reward alone (or, in probe 24, on the
-outcome plus a tenth of it; in probe 25, on the milestone reward) raise success faster than training on the outcome?
+Then the premise under it (probes 21-26): does training on the aligned dense reward alone (or, in probe 24, on the
+outcome plus a tenth of it; in probes 25-26, on the milestone reward) raise success faster than training on the outcome?
 Process-only minus outcome-only, paired by seed: sampled training success over the whole run and over its first 10
 iterations, and validation success, each with its 95% t interval.
 
@@ -53,6 +53,7 @@ SETS = [
     ("probe 22, GiGPO, B aligned", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv", None, None),
     ("probe 23, ALFWorld, B aligned", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv", None, None),
     ("probe 25, GiGPO, B milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv", None, None),
+    ("probe 26, G 2 + 2, B milestone", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv", None, None),
 ]  # fmt: skip
 OUTCOME_FROM = {  # probes whose swap runs pair with an earlier probe's outcome-only runs (same goals, seeds)
     PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
@@ -90,6 +91,8 @@ PREMISE = [
     ("GiGPO/WebShop, milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv",
      [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
       PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv"]),
+    ("GRPO/WebShop, milestone, G 2", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv",
+     [PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv"]),
 ]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 

@@ -65,3 +65,6 @@ def test_premise_differences_pair_process_and_outcome_runs_by_seed():
     d = edge.premise_differences(*premise["GiGPO/WebShop, milestone"])
     assert len(d["success"]) == 10
     assert [d["success"][i] for i in (0, 5, 8)] == pytest.approx([0.200 - 0.220, 0.194 - 0.214, 0.206 - 0.108])
+    # probe 26 (two rollouts per task): seed 7's milestone run 0.306 against its own file's outcome-only run 0.182
+    d = edge.premise_differences(*premise["GRPO/WebShop, milestone, G 2"])
+    assert (len(d["success"]), d["success"][6]) == (10, pytest.approx(0.306 - 0.182))
