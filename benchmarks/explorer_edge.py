@@ -55,9 +55,15 @@ SETS = [
     ("probe 25, GiGPO, B milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv", None, None),
     ("probe 26, G 2 + 2, B milestone", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv", None, None),
 ]  # fmt: skip
-OUTCOME_FROM = {  # probes whose swap runs pair with an earlier probe's outcome-only runs (same goals, seeds)
+# Outcome-only runs are taken from a runs file itself and, for the files named here, from an earlier probe's file with
+# the outcome-only runs of the same goals and seeds (the probe ran only swap or process-only, or only some seeds).
+OUTCOME_FROM = {
     PROBES + "p17_explorer_temperature07_valid500_learning.csv": PROBES + "p16_explorer_share_valid500_learning.csv",
     PROBES + "p19_aligned_explorer_lr1e-3_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
+    PROBES + "p21_grpo_webshop_process_aligned_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
+    PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv": PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv",
+    PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
+    PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
     PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv": PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
 }  # fmt: skip
 
@@ -73,27 +79,17 @@ class Pair(NamedTuple):
     y: float
 
 
-# (pair, the process-only runs on the aligned reward, the files that hold the outcome-only runs of their seeds)
+# (pair, the process-only runs on the dense reward; their outcome-only runs as OUTCOME_FROM says)
 PREMISE = [
-    ("GRPO/WebShop", PROBES + "p21_grpo_webshop_process_aligned_valid500_learning.csv",
-     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
-    ("PPO/ALFWorld", PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv",
-     [PROBES + "p20_alfworld_ppo_aligned_explorer_valid200_learning.csv",
-      PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv"]),
-    ("GiGPO/WebShop", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
-     [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv"]),
-    ("GiGPO/ALFWorld", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv",
-     [PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv"]),
-    ("GRPO/WebShop, outcome + 0.1 x aligned", PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv",
-     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
-    ("GRPO/WebShop, milestone", PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv",
-     [PROBES + "p18_aligned_explorer_valid500_learning.csv"]),
-    ("GiGPO/WebShop, milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv",
-     [PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
-      PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv"]),
-    ("GRPO/WebShop, milestone, G 2", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv",
-     [PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv"]),
-]  # fmt: skip
+    ("GRPO/WebShop", PROBES + "p21_grpo_webshop_process_aligned_valid500_learning.csv"),
+    ("PPO/ALFWorld", PROBES + "p21_ppo_alfworld_process_aligned_valid200_learning.csv"),
+    ("GiGPO/WebShop", PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv"),
+    ("GiGPO/ALFWorld", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv"),
+    ("GRPO/WebShop, outcome + 0.1 x aligned", PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv"),
+    ("GRPO/WebShop, milestone", PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv"),
+    ("GiGPO/WebShop, milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv"),
+    ("GRPO/WebShop, milestone, G 2", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv"),
+]
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
 
@@ -103,12 +99,16 @@ def read(path: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def outcome_runs(path: str) -> dict[tuple[str, str], dict]:
+    """The outcome-only runs for the runs of `path` by (pair, seed): its own and those of OUTCOME_FROM[path]."""
+    rows = read(path) + (read(OUTCOME_FROM[path]) if path in OUTCOME_FROM else [])
+    return {(r["pair"], r["seed"]): r for r in rows if r["variant"] == "outcome"}
+
+
 def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> list[Pair]:
     """A Pair for each swap run of `path` that has an outcome-only run of its pair and seed."""
-    rows = read(path)
-    swaps = [r for r in rows if r["variant"] == "swap" and all(r[k] == v for k, v in (match or {}).items())]
-    borrowed = read(OUTCOME_FROM[path]) if path in OUTCOME_FROM else []
-    outcome = {(r["pair"], r["seed"]): r for r in rows + borrowed if r["variant"] == "outcome"}
+    swaps = [r for r in read(path) if r["variant"] == "swap" and all(r[k] == v for k, v in (match or {}).items())]
+    outcome = outcome_runs(path)
     again = {(r["pair"], r["variant"], r["seed"]): float(r["success"]) for r in (read(final) if final else [])}
 
     def success(r: dict) -> float:  # the run's own final evaluation, or its re-evaluation on more goals
@@ -124,10 +124,10 @@ def pairs_of(label: str, path: str, final: str | None, match: dict | None) -> li
     return out
 
 
-def premise_differences(process_path: str, outcome_paths: list[str]) -> dict[str, list[float]]:
+def premise_differences(process_path: str) -> dict[str, list[float]]:
     """Process-only minus outcome-only per seed (in seed order), for each of PREMISE_COLUMNS."""
     process = {int(r["seed"]): r for r in read(process_path) if r["variant"] == "process"}
-    outcome = {int(r["seed"]): r for path in outcome_paths for r in read(path) if r["variant"] == "outcome"}
+    outcome = {int(seed): r for (_, seed), r in outcome_runs(process_path).items()}
     seeds = sorted(process.keys() & outcome.keys())
     return {k: [float(process[s][k]) - float(outcome[s][k]) for s in seeds] for k in PREMISE_COLUMNS}
 
@@ -159,9 +159,9 @@ def main() -> None:
         ", ".join(f"{d.label}, {d.pair} seed {d.seed}: x {d.x:+.3f}, y {d.y:+.3f}" for d in top_x(data, 5)),
     )
     print("\nthe premise: process-only on the dense reward (the aligned one unless named) minus outcome-only, by seed")
-    width = max(len(pair) for pair, _, _ in PREMISE)
-    for pair, process_path, outcome_paths in PREMISE:
-        for column, diffs in premise_differences(process_path, outcome_paths).items():
+    width = max(len(pair) for pair, _ in PREMISE)
+    for pair, process_path in PREMISE:
+        for column, diffs in premise_differences(process_path).items():
             mean, half = t_ci95(diffs)
             interval = f"[{mean - half:+.3f}, {mean + half:+.3f}]"
             print(f"{pair:<{width}} {len(diffs):>2} seeds  {column:<22} {mean:+.3f} {interval}")

@@ -49,22 +49,21 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
 
 
 def test_premise_differences_pair_process_and_outcome_runs_by_seed():
-    premise = {pair: (process, outcome) for pair, process, outcome in edge.PREMISE}
-    (webshop, webshop_outcome), (alfworld, alfworld_outcome) = premise["GRPO/WebShop"], premise["PPO/ALFWorld"]
-    d = edge.premise_differences(webshop, webshop_outcome)
+    premise = dict(edge.PREMISE)
+    d = edge.premise_differences(premise["GRPO/WebShop"])
     # seed 1: process (aligned) sampled 0.1071, validation 0.184; probe 18's outcome-only 0.1278 and 0.168
     assert len(d["success"]) == 10
     assert (d["train_success_all"][0], d["success"][0]) == pytest.approx((0.1071 - 0.1278, 0.184 - 0.168))
-    d = edge.premise_differences(alfworld, alfworld_outcome)
+    d = edge.premise_differences(premise["PPO/ALFWorld"])
     # seed 1's outcome-only run is probe 20's (0.200), seed 4's sits in probe 21's own file (0.190)
     assert d["success"] == pytest.approx([0.145 - 0.200, 0.170 - 0.190, 0.195 - 0.165, 0.155 - 0.190, 0.160 - 0.160])
     # probe 23 holds both variants in one file (its swap runs are not read here): validation 0.170 - 0.205, ...
-    d = edge.premise_differences(*premise["GiGPO/ALFWorld"])
+    d = edge.premise_differences(premise["GiGPO/ALFWorld"])
     assert d["success"] == pytest.approx([0.170 - 0.205, 0.200 - 0.165, 0.150 - 0.190, 0.165 - 0.195, 0.165 - 0.200])
     # probe 25 under GiGPO: outcome-only seeds 1-5 from probe 22, 6-10 from its own file (validation success)
-    d = edge.premise_differences(*premise["GiGPO/WebShop, milestone"])
+    d = edge.premise_differences(premise["GiGPO/WebShop, milestone"])
     assert len(d["success"]) == 10
     assert [d["success"][i] for i in (0, 5, 8)] == pytest.approx([0.200 - 0.220, 0.194 - 0.214, 0.206 - 0.108])
     # probe 26 (two rollouts per task): seed 7's milestone run 0.306 against its own file's outcome-only run 0.182
-    d = edge.premise_differences(*premise["GRPO/WebShop, milestone, G 2"])
+    d = edge.premise_differences(premise["GRPO/WebShop, milestone, G 2"])
     assert (len(d["success"]), d["success"][6]) == (10, pytest.approx(0.306 - 0.182))
