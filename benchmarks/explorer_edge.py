@@ -54,6 +54,8 @@ SETS = [
     ("probe 23, ALFWorld, B aligned", PROBES + "p23_gigpo_alfworld_aligned_valid200_learning.csv", None, None),
     ("probe 25, GiGPO, B milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv", None, None),
     ("probe 26, G 2 + 2, B milestone", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv", None, None),
+    ("probe 27, G 2 + 2, B milestone w/o options", PROBES + "p27_grpo_webshop_group2_milestone_blind_valid500_learning.csv", None, None),
+    ("probe 27, GiGPO, G 2 + 2, B milestone w/o options", PROBES + "p27_gigpo_webshop_group2_milestone_blind_valid500_learning.csv", None, None),
 ]  # fmt: skip
 # Outcome-only runs are taken from a runs file itself and, for the files named here, from an earlier probe's file with
 # the outcome-only runs of the same goals and seeds (the probe ran only swap or process-only, or only some seeds).
@@ -65,6 +67,7 @@ OUTCOME_FROM = {
     PROBES + "p24_grpo_webshop_process_mixed01_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
     PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv": PROBES + "p18_aligned_explorer_valid500_learning.csv",
     PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv": PROBES + "p22_gigpo_webshop_aligned_valid500_learning.csv",
+    PROBES + "p27_grpo_webshop_group2_milestone_blind_valid500_learning.csv": PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv",
 }  # fmt: skip
 
 
@@ -89,7 +92,9 @@ PREMISE = [
     ("GRPO/WebShop, milestone", PROBES + "p25_grpo_webshop_process_milestone_valid500_learning.csv"),
     ("GiGPO/WebShop, milestone", PROBES + "p25_gigpo_webshop_milestone_valid500_learning.csv"),
     ("GRPO/WebShop, milestone, G 2", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv"),
-]
+    ("GRPO/WebShop, milestone w/o options, G 2", PROBES + "p27_grpo_webshop_group2_milestone_blind_valid500_learning.csv"),
+    ("GiGPO/WebShop, milestone w/o options, G 2", PROBES + "p27_gigpo_webshop_group2_milestone_blind_valid500_learning.csv"),
+]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 
 

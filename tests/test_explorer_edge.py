@@ -46,6 +46,11 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
     # pairs with probe 22's outcome run (0.192, policy 0.1195)
     x, x_outcome, y = by_seed(edge.pairs_of("p25", *sets["probe 25, GiGPO, B milestone"]), "gigpo_webshop", 4)
     assert (x, x_outcome, y) == pytest.approx((0.1818 - 0.1307, 0.1818 - 0.1195, 0.342 - 0.192))
+    # probe 27's swap of seed 2 (0.274; B 0.1113, policy 0.1367) pairs with probe 26's two-rollout outcome run (0.206,
+    # policy 0.1904), not with the four-rollout ones of probe 18
+    label = "probe 27, G 2 + 2, B milestone w/o options"
+    x, x_outcome, y = by_seed(edge.pairs_of(label, *sets[label]), "grpo_webshop", 2)
+    assert (x, x_outcome, y) == pytest.approx((0.1113 - 0.1367, 0.1113 - 0.1904, 0.274 - 0.206))
 
 
 def test_premise_differences_pair_process_and_outcome_runs_by_seed():
@@ -67,3 +72,9 @@ def test_premise_differences_pair_process_and_outcome_runs_by_seed():
     # probe 26 (two rollouts per task): seed 7's milestone run 0.306 against its own file's outcome-only run 0.182
     d = edge.premise_differences(premise["GRPO/WebShop, milestone, G 2"])
     assert (len(d["success"]), d["success"][6]) == (10, pytest.approx(0.306 - 0.182))
+    # probe 27: seed 10's run on the milestone reward without options 0.086 against probe 26's outcome-only run 0.208
+    d = edge.premise_differences(premise["GRPO/WebShop, milestone w/o options, G 2"])
+    assert (len(d["success"]), d["success"][9]) == (10, pytest.approx(0.086 - 0.208))
+    # probe 27 under GiGPO holds both variants: seed 9, the one seed in which process-only led, 0.186 against 0.162
+    d = edge.premise_differences(premise["GiGPO/WebShop, milestone w/o options, G 2"])
+    assert (len(d["success"]), d["success"][8]) == (10, pytest.approx(0.186 - 0.162))
