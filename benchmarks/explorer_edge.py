@@ -10,8 +10,9 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probes 21-26): does training on the aligned dense reward alone (or, in probe 24, on the
-outcome plus a tenth of it; in probes 25-26, on the milestone reward) raise success faster than training on the outcome?
+Then the premise under it (probes 21-27): does training on the aligned dense reward alone (or, in probe 24, on the
+outcome plus a tenth of it; in probes 25-26, on the milestone reward; in probe 27, on the milestone reward without the
+options) raise success faster than training on the outcome?
 Process-only minus outcome-only, paired by seed: sampled training success over the whole run and over its first 10
 iterations, and validation success, each with its 95% t interval.
 
