@@ -10,9 +10,9 @@ read the two together. Prints each pair of runs, Pearson's r of each with its 95
 mean y, with its 95% t interval, where B was ahead of its own policy (x > 0) and where it was not, and the
 five pairs with the largest x.
 
-Then the premise under it (probes 21-27): does training on the aligned dense reward alone (or, in probe 24, on the
-outcome plus a tenth of it; in probes 25-26, on the milestone reward; in probe 27, on the milestone reward without the
-options) raise success faster than training on the outcome?
+Then the premise under it (probes 21-28): does training on the aligned dense reward alone (or, in probe 24, on the
+outcome plus a tenth of it; in probes 25-26, on the milestone reward; in probes 27-28, on the milestone reward without
+the options, probe 28 with the search hits listed cheapest first) raise success faster than training on the outcome?
 Process-only minus outcome-only, paired by seed: sampled training success over the whole run and over its first 10
 iterations, and validation success, each with its 95% t interval.
 
@@ -57,6 +57,7 @@ SETS = [
     ("probe 26, G 2 + 2, B milestone", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv", None, None),
     ("probe 27, G 2 + 2, B milestone w/o options", PROBES + "p27_grpo_webshop_group2_milestone_blind_valid500_learning.csv", None, None),
     ("probe 27, GiGPO, G 2 + 2, B milestone w/o options", PROBES + "p27_gigpo_webshop_group2_milestone_blind_valid500_learning.csv", None, None),
+    ("probe 28, GiGPO, price order, G 2 + 2, B milestone w/o options", PROBES + "p28_gigpo_webshop_price_group2_milestone_blind_valid500_learning.csv", None, None),
 ]  # fmt: skip
 # Outcome-only runs are taken from a runs file itself and, for the files named here, from an earlier probe's file with
 # the outcome-only runs of the same goals and seeds (the probe ran only swap or process-only, or only some seeds).
@@ -95,6 +96,7 @@ PREMISE = [
     ("GRPO/WebShop, milestone, G 2", PROBES + "p26_grpo_webshop_group2_milestone_valid500_learning.csv"),
     ("GRPO/WebShop, milestone w/o options, G 2", PROBES + "p27_grpo_webshop_group2_milestone_blind_valid500_learning.csv"),
     ("GiGPO/WebShop, milestone w/o options, G 2", PROBES + "p27_gigpo_webshop_group2_milestone_blind_valid500_learning.csv"),
+    ("GiGPO/WebShop, milestone w/o options, G 2, price order", PROBES + "p28_gigpo_webshop_price_group2_milestone_blind_valid500_learning.csv"),
 ]  # fmt: skip
 PREMISE_COLUMNS = ("train_success_all", "train_success_first10", "success")
 

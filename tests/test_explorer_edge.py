@@ -51,6 +51,11 @@ def test_pairs_from_a_probe_pick_its_setting_and_borrow_outcome_runs():
     label = "probe 27, G 2 + 2, B milestone w/o options"
     x, x_outcome, y = by_seed(edge.pairs_of(label, *sets[label]), "grpo_webshop", 2)
     assert (x, x_outcome, y) == pytest.approx((0.1113 - 0.1367, 0.1113 - 0.1904, 0.274 - 0.206))
+    # probe 28's swap of seed 8 (0.056; B 0.0717, policy 0.1379, its largest lag) against its own file's outcome
+    # run (0.058, policy 0.0954), not probe 27's outcome run of seed 8 (relevance order)
+    label = "probe 28, GiGPO, price order, G 2 + 2, B milestone w/o options"
+    x, x_outcome, y = by_seed(edge.pairs_of(label, *sets[label]), "gigpo_webshop", 8)
+    assert (x, x_outcome, y) == pytest.approx((0.0717 - 0.1379, 0.0717 - 0.0954, 0.056 - 0.058))
 
 
 def test_premise_differences_pair_process_and_outcome_runs_by_seed():
@@ -78,3 +83,6 @@ def test_premise_differences_pair_process_and_outcome_runs_by_seed():
     # probe 27 under GiGPO holds both variants: seed 9, the one seed in which process-only led, 0.186 against 0.162
     d = edge.premise_differences(premise["GiGPO/WebShop, milestone w/o options, G 2"])
     assert (len(d["success"]), d["success"][8]) == (10, pytest.approx(0.186 - 0.162))
+    # probe 28 (price order): seed 6, process-only 0.032 against outcome-only 0.054 on validation
+    d = edge.premise_differences(premise["GiGPO/WebShop, milestone w/o options, G 2, price order"])
+    assert (len(d["success"]), d["success"][5]) == (10, pytest.approx(0.032 - 0.054))
