@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import csv
 import functools
+import hashlib
 import json
 import os
 import pathlib
@@ -288,26 +289,54 @@ def eval_rows(runs_dir: pathlib.Path) -> list[dict]:
     return [r for r in read_metrics(paths[0]) if "eval/success_rate" in r] if len(paths) == 1 else []
 
 
-def initial_eval(env_name: str, seed: int, eval_tasks: int, out: pathlib.Path, eval_split: str = "held-out") -> dict:
+def initial_eval(
+    env_name: str,
+    seed: int,
+    eval_tasks: int,
+    out: pathlib.Path,
+    eval_split: str = "held-out",
+    script_flags: tuple[str, ...] = (),
+    pair: str | None = None,
+) -> dict:
     """The step-0 evaluation row of (env, seed)'s initial model: one --eval-only run, reused when it is there.
-    eval_split "held-out" is each script's default split; "valid" training seeds from common.envs.VALID_START on."""
+    eval_split "held-out" is each script's default split; "valid" training seeds from common.envs.VALID_START on.
+    script_flags (the table's --script-flags) can change the start itself (--env-preset, --max-steps, --model-name,
+    ...): with them the evaluation runs with them, by `pair`'s script, in a folder named by a hash of the flags."""
     suffix = "" if eval_split == "held-out" else f"__{eval_split}"
+    script, extra = INITIAL_EVAL[env_name], []
+    if script_flags:
+        script, extra = PAIRS[pair] if pair else (script, extra)
+        suffix += "__flags" + hashlib.sha1(shlex.join(script_flags).encode()).hexdigest()[:8]
     runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}{suffix}"
     if not eval_rows(runs_dir):
-        flags = ["--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks), "--exp-name", "initial"]
-        flags += split_flags(eval_split)
-        run_script(INITIAL_EVAL[env_name], flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
+        flags = [*extra, "--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks), "--exp-name"]
+        flags += ["initial", *split_flags(eval_split), *script_flags]
+        run_script(script, flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
     return eval_rows(runs_dir)[0]
 
 
 def initial_evals(
-    pairs_seeds: list[tuple[str, int]], eval_tasks: int, out: pathlib.Path, eval_split: str, jobs: int
+    pairs_seeds: list[tuple[str, int]],
+    eval_tasks: int,
+    out: pathlib.Path,
+    eval_split: str,
+    jobs: int,
+    script_flags: tuple[str, ...] = (),
 ) -> dict[tuple[str, int], dict]:
     """initial_eval of the (env, seed) of every (pair, seed), `jobs` at a time, each once: run before the runs or
-    evaluations that share a start, which would otherwise evaluate it into the same folder at the same time."""
+    evaluations that share a start, which would otherwise evaluate it into the same folder at the same time. With
+    script_flags, by the script of the env's first pair (in PAIRS' order) among them."""
     starts = sorted({(pair_env(pair), seed) for pair, seed in pairs_seeds})
+    pair_of = {}
+    for pair in sorted({p for p, _ in pairs_seeds}, key=list(PAIRS).index):
+        pair_of.setdefault(pair_env(pair), pair)
+
+    def evaluate(env_seed: tuple[str, int]) -> dict:
+        env, seed = env_seed
+        return initial_eval(env, seed, eval_tasks, out, eval_split, script_flags, pair_of[env])
+
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return dict(zip(starts, pool.map(lambda es: initial_eval(*es, eval_tasks, out, eval_split), starts)))
+        return dict(zip(starts, pool.map(evaluate, starts)))
 
 
 def split_flags(eval_split: str) -> list[str]:
@@ -610,7 +639,8 @@ def main() -> None:
     p.add_argument(
         "--script-flags",
         default="",
-        help="extra flags for every training run, e.g. '--kl-coef 0.1' (give such a table its own --out)",
+        help="extra flags for every training run and evaluation, the step-0 one included, e.g. '--kl-coef 0.1' (give "
+        "such a table its own --out)",
     )
     a = p.parse_args()
     script_flags = tuple(shlex.split(a.script_flags))
@@ -635,7 +665,7 @@ def main() -> None:
     lock = threading.Lock()
 
     # Step 0 of every (env, seed) first, shared by the runs on it (a failure here stops the table: nothing to share)
-    initial = initial_evals([(pair, s) for pair, _, s in jobs], eval_tasks, a.out, a.eval_split, a.jobs)
+    initial = initial_evals([(pair, s) for pair, _, s in jobs], eval_tasks, a.out, a.eval_split, a.jobs, script_flags)
     print(f"step-0 evaluations of {len(initial)} (env, seed) models: {time.time() - t0:.0f} s")
 
     def attempt(job):
@@ -672,7 +702,7 @@ def main() -> None:
     if a.final_eval_tasks:
         print(f"\nThe final policies on the first {a.final_eval_tasks} {goals} seeds (--final-eval-tasks):")
         n = a.final_eval_tasks
-        initial = initial_evals([(r["pair"], r["seed"]) for r in mine], n, a.out, a.eval_split, a.jobs)
+        initial = initial_evals([(r["pair"], r["seed"]) for r in mine], n, a.out, a.eval_split, a.jobs, script_flags)
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
             finals = list(pool.map(
                 lambda r: final_eval(r, n, a.out, initial[(pair_env(r["pair"]), r["seed"])], script_flags,

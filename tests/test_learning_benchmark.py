@@ -158,6 +158,33 @@ def test_later_seeds_extend_an_earlier_table():
     assert len([j for j in jobs if j[1] in learning.MAIN_VARIANTS]) == 4 * 5
 
 
+def test_step0_evaluation_takes_the_script_flags_that_can_change_the_start(tmp_path, monkeypatch):
+    """A table's --script-flags (here the turn limit) reach its step-0 evaluation, run by the env's first pair's
+    script, in a folder of its own: a flagless table's start is neither reused for it nor overwritten by it."""
+    calls = []
+
+    def fake_script(script, flags, runs_dir, what):
+        calls.append((script, flags, runs_dir.name))
+        write_run(runs_dir.parent.parent, runs_dir.name, [(0, 0.1 * len(calls), 60.0)])
+        return 1.0
+
+    monkeypatch.setattr(learning, "run_script", fake_script)
+    plain = learning.initial_evals([("gigpo_webshop", 2)], 50, tmp_path, "valid", 1)
+    flagged = learning.initial_evals([("gigpo_webshop", 2), ("grpo_webshop", 2)], 50, tmp_path, "valid", 1,
+                                     ("--max-steps", "10"))  # fmt: skip
+    again = learning.initial_evals([("gigpo_webshop", 2)], 50, tmp_path, "valid", 1, ("--max-steps", "10"))
+    assert [row["eval/success_rate"] for row in (plain[("webshop", 2)], flagged[("webshop", 2)])] == [0.1, 0.2]
+    assert again[("webshop", 2)]["eval/success_rate"] == 0.2  # reused, not run a third time
+    (plain_call, flagged_call) = calls
+    assert plain_call[0] == "rspo_grpo_webshop.py" and "--max-steps" not in plain_call[1]
+    script, flags, folder = flagged_call
+    assert script == "rspo_grpo_webshop.py" and flags[-2:] == ["--max-steps", "10"] and "--eval-only" in flags
+    assert folder != plain_call[2] and folder.startswith(plain_call[2] + "__flags")
+    # with only a GiGPO pair, GiGPO's script (with its --env) evaluates the flagged start
+    learning.initial_evals([("gigpo_webshop", 4)], 50, tmp_path, "valid", 1, ("--max-steps", "10"))
+    assert calls[-1][0] == "rspo_gigpo.py" and calls[-1][1][:2] == ["--env", "webshop"]
+
+
 def test_script_flags_follow_the_benchmark_flags(tmp_path, monkeypatch):
     """--script-flags reach the training run after the benchmark's own flags, so they override its defaults."""
     calls = []
