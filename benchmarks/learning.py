@@ -303,14 +303,13 @@ def initial_eval(
     script_flags (the table's --script-flags) can change the start itself (--env-preset, --max-steps, --model-name,
     ...): with them the evaluation runs with them, by `pair`'s script, in a folder named by a hash of the flags."""
     suffix = "" if eval_split == "held-out" else f"__{eval_split}"
-    script, extra = INITIAL_EVAL[env_name], []
+    script, extra = PAIRS[pair] if script_flags and pair else (INITIAL_EVAL[env_name], [])
     if script_flags:
-        script, extra = PAIRS[pair] if pair else (script, extra)
         suffix += "__flags" + hashlib.sha1(shlex.join(script_flags).encode()).hexdigest()[:8]
     runs_dir = out / "runs" / f"initial__{env_name}__{seed}__n{eval_tasks}{suffix}"
     if not eval_rows(runs_dir):
-        flags = [*extra, "--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks), "--exp-name"]
-        flags += ["initial", *split_flags(eval_split), *script_flags]
+        flags = [*extra, "--eval-only", "--seed", str(seed), "--num-eval-tasks", str(eval_tasks)]
+        flags += ["--exp-name", "initial", *split_flags(eval_split), *script_flags]
         run_script(script, flags, runs_dir, f"step-0 evaluation of {env_name} seed {seed}")
     return eval_rows(runs_dir)[0]
 
