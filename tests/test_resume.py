@@ -181,3 +181,35 @@ def test_resumed_run_equals_the_straight_run(
     initial, _ = models.load_model("tiny", env_name=env, preset="small", seed=1)
     assert not _differences(final["modules"]["ref"], initial.state_dict(), "ref")
     assert _differences(final["modules"]["policy"], initial.state_dict(), "policy")  # the policy did train
+
+
+@pytest.mark.parametrize(
+    "script,env,flags", [c[:3] for c in CASES], ids=["grpo", "ppo", "gigpo-webshop", "gigpo-alfworld"]
+)
+def test_evaluating_more_often_changes_no_training(repo_root, script_env, tmp_path, script, env, flags):
+    """A run that evaluates every iteration and one that evaluates only at its end train the same, bit for bit: the
+    evaluations draw nothing from the training's random streams and touch no model. So the learning table's
+    --eval-every sets how many points its curves have, and its cost, never a run's final figures."""
+    i = SMALL.index("--eval-every")
+    argv = [*SMALL[:i], *SMALL[i + 2 :], *flags]
+    steps = [
+        ["run", [*argv, "--num-iterations", "3", "--eval-every", str(every), "--runs-dir", str(tmp_path / f"e{every}")],
+         str(tmp_path / f"e{every}.log")]
+        for every in (1, 0)
+    ]  # fmt: skip
+    _run_steps(repo_root, script_env, script, steps)
+    often, once = _only_run(tmp_path / "e1"), _only_run(tmp_path / "e0")
+    rows, rows_once = read_metrics(often), read_metrics(once)
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in rows_once] == [1, 2, 3]
+    assert all("eval/success_rate" in r for r in rows)
+    assert ["eval/success_rate" in r for r in rows_once] == [False, False, True]
+
+    def training(row: dict) -> dict:
+        return {k: v for k, v in _without_timings(row).items() if not k.startswith("eval/")}
+
+    for row, row_once in zip(rows, rows_once):
+        assert training(row) == training(row_once), f"iteration {row['iteration']}"
+    final, final_once = _checkpoint(often), _checkpoint(once)
+    for part in ("modules", "optimizers", "extra", "rng"):
+        assert not _differences(final[part], final_once[part], part)
+    assert rows[-1]["eval/success_rate"] == rows_once[-1]["eval/success_rate"]
