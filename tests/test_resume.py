@@ -8,6 +8,8 @@ iteration 1, so that the resumed iteration 2 plays and trains agent B from its r
 resume after iteration 2 would have the sync overwrite them at once) and iteration 3 syncs it. A training pool of
 one task makes every iteration sample the buffered rollouts of the iterations before, those of the checkpoint
 included.
+
+The same machinery checks that evaluating (every iteration, or only at the end) changes nothing of the training.
 """
 
 import json
