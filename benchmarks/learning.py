@@ -617,7 +617,9 @@ def main() -> None:
         default=None,
         help="budget per run, explorer steps included (default: 4,000 on WebShop, 12,000 on ALFWorld)",
     )
-    p.add_argument("--num-eval-tasks", type=int, default=100, help="held-out seeds per evaluation")
+    p.add_argument(
+        "--num-eval-tasks", type=int, default=200, help="held-out seeds per evaluation (200: the README's tables)"
+    )
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument(
         "--final-eval-tasks",
