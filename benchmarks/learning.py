@@ -38,12 +38,11 @@ those of the ALFWorld pairs, 40 runs of 353-956 s (GiGPO outcome_big the shortes
 min (benchmarks/results/searcher_alfworld_all). So the whole table takes about 5 h (by the run times of seed 1 on two
 AVX-512 EPYCs: about 4 h 30 min on one of family 25, about 3 h 30 min on one of family 26): more than the 2.5 h it was
 meant to fit, which ALFWorld's 4,000-step budget did, on which no ALFWorld variant learned (docs/results.md, probes 8,
-13-15).
-Those ALFWorld runs spent 53-80% of their time updating (PPO swap: 25 s an iteration for the policy, its critic, agent B
-and B's critic, against 4 s of rollout), 11-22% in rollouts, the rest evaluating, checkpointing and starting (the runs'
-perf/update_s and perf/rollout_s): a shorter table needs a cheaper update, not a faster env. Evaluating every 10
-iterations is a tenth of the table: --eval-every 0 (the start and the end only) ran seed 1 of the four pairs in 0.90 of
-the time, every final figure the same (docs/results.md, probe 32). Run the pairs apart with --only.
+13-15). Those ALFWorld runs spent 53-80% of their time updating (PPO swap: 25 s an iteration for the policy, its critic,
+agent B and B's critic, against 4 s of rollout), 11-22% in rollouts, the rest evaluating, checkpointing and starting
+(the runs' perf/update_s and perf/rollout_s): a shorter table needs a cheaper update, not a faster env. Evaluating every
+10 iterations is a tenth of the table: --eval-every 0 (the start and the end only) ran seed 1 of the four pairs in 0.90
+of the time, every final figure the same (docs/results.md, probe 32). Run the pairs apart with --only.
 
 The CSVs are rewritten after every run. Rerunning a command reuses the runs under --out/runs/ that reached the
 budget (an interrupted table continues where it stopped), so give a changed setting its own --out.
