@@ -134,6 +134,13 @@ def _differences(a, b, where: str = "") -> list[str]:
     return [] if a == b else [where]
 
 
+def _state_differences(final: dict, other: dict) -> list[str]:
+    """Where two runs' final checkpoints differ: modules, optimisers, the extra state (buffer, env_steps), RNG states."""
+    return [
+        d for part in ("modules", "optimizers", "extra", "rng") for d in _differences(final[part], other[part], part)
+    ]
+
+
 @pytest.mark.parametrize(
     "script,env,flags,module_names,optimizer_names", CASES, ids=["grpo", "ppo", "gigpo-webshop", "gigpo-alfworld"]
 )
@@ -170,8 +177,7 @@ def test_resumed_run_equals_the_straight_run(
     # The same final state, bit for bit.
     final, resumed_final = _checkpoint(straight), _checkpoint(moved)
     assert final["iteration"] == resumed_final["iteration"] == 3
-    for part in ("modules", "optimizers", "extra", "rng"):
-        assert not _differences(final[part], resumed_final[part], part)
+    assert not _state_differences(final, resumed_final)
     (resume,) = json.loads((moved / "config.json").read_text())["resumes"]
     assert resume["checkpoint_loaded"] == str(moved.resolve() / "checkpoints" / "latest.pt")
 
@@ -212,6 +218,5 @@ def test_evaluating_more_often_changes_no_training(repo_root, script_env, tmp_pa
     for row, row_once in zip(rows, rows_once):
         assert training(row) == training(row_once), f"iteration {row['iteration']}"
     final, final_once = _checkpoint(often), _checkpoint(once)
-    for part in ("modules", "optimizers", "extra", "rng"):
-        assert not _differences(final[part], final_once[part], part)
+    assert not _state_differences(final, final_once)
     assert rows[-1]["eval/success_rate"] == rows_once[-1]["eval/success_rate"]
