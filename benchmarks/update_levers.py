@@ -6,10 +6,11 @@ changing the algorithm, each timed here on right-padded micro-batches like the s
 
 - causal only: right-padded rows need no attention mask (a real token never attends to the padding after it), so
   the model can take attention_mask=None; time of a forward + backward without the mask / with it;
-- no old-log-prob pass: prepare_rows runs one no-grad forward per token to take pi_old before the update; where a
-  whole iteration is one minibatch of one epoch, the update's own first forward could serve. Time of that no-grad
-  forward / a forward + backward (a PPO step runs the policy's and the critic's forward + backward, a reference
-  forward and the critic's old values besides, so it saves at most this ratio over about three).
+- no old-log-prob pass: prepare_rows runs one no-grad forward per token to take pi_old before the update; the
+  update's own forward could serve for its first minibatch of its first epoch, not for later ones (the policy has
+  stepped by then). Time of that no-grad forward / a forward + backward (a PPO minibatch runs the policy's and the
+  critic's forward + backward, a reference forward and the critic's old values besides, so skipping the pass saves
+  at most this ratio over about three, on the first minibatch's tokens only).
 
     OMP_NUM_THREADS=1 python benchmarks/update_levers.py
 

@@ -41,7 +41,7 @@ def test_main_prints_both_ratios():
         [sys.executable, str(ROOT / "benchmarks" / "update_levers.py"), "--repeats", "1", "--micro-batch-tokens", "600"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, check=True,
     ).stdout  # fmt: skip
-    assert "causal only / attention mask: " in out
-    assert "no-grad forward / forward+backward: " in out
-    ratio = float(out.split("no-grad forward / forward+backward: ")[1].split()[0])
-    assert 0 < ratio < 1  # a forward without the graph costs less than a forward and its backward
+    for line in ("causal only / attention mask: ", "no-grad forward / forward+backward: "):
+        assert float(out.split(line)[1].split()[0]) > 0
+    # the committed model's log-probs, causal only against with the mask (the premise, at the benchmark's own size)
+    assert float(out.split("differ by at most ")[1].split(")")[0]) < 1e-5
