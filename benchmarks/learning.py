@@ -17,11 +17,11 @@ Outputs (under --out, default benchmarks/results/): `learning.csv` (one row per 
 games solved per task type at step 0 and at the end, solved_<type>_start / solved_<type> of games_<type>, which are
 also printed), `learning_summary.csv` (mean, std and 95% interval over seeds), `learning_paired.csv` (swap minus each
 control, paired by seed: mean and 95% interval), `learning.png` (held-out success vs environment steps, one panel per
-pair).
+pair). One seed gives a mean and no interval or std: those cells are blank in the CSVs and printed as '-' or left out.
 
     python benchmarks/learning.py                  # the whole table: 86 runs (see below)
     python benchmarks/learning.py --only grpo_webshop
-    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (266 s, 2-core AMD EPYC)
+    python benchmarks/learning.py --quick          # a short check: 1 seed, 800 env steps, 2 pairs (233-266 s, 2-core EPYCs)
     python benchmarks/learning.py --only grpo_webshop --script-flags "--kl-coef 0.1" --out benchmarks/results/kl01
 
 Does this CPU repeat a committed table? Run some of its seeds with the table's own flags (docs/results.md has them)
@@ -55,6 +55,7 @@ import csv
 import functools
 import hashlib
 import json
+import math
 import os
 import pathlib
 import shlex
@@ -143,13 +144,23 @@ T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2
 
 def t_ci95(values: list[float]) -> tuple[float, float]:
     """(mean, half-width) of the 95% Student-t interval of the mean: t_{0.975, n-1} * s / sqrt(n), s the sample
-    std (ddof 1); half-width 0.0 for a single value. Beyond 31 values t is taken as 1.96."""
+    std (ddof 1); half-width NaN for a single value (one seed gives no interval). Beyond 31 values t is 1.96."""
     n = len(values)
     mean = statistics.mean(values)
     if n < 2:
-        return mean, 0.0
+        return mean, math.nan
     t = T975[n - 2] if n - 1 <= len(T975) else 1.96
     return mean, t * statistics.stdev(values) / n**0.5
+
+
+def plus_minus(half: float | str) -> str:
+    """' +- 0.049' for a table cell, or nothing where there is no interval (one seed: "")."""
+    return "" if half == "" else f" +- {half:.3f}"
+
+
+def interval(low: float | str, high: float | str) -> str:
+    """'[-0.060, +0.032]' for a table cell, or '-' where there is no interval (one seed: "")."""
+    return "-" if low == "" else f"[{low:+.3f}, {high:+.3f}]"
 
 
 def paired_differences(results: list[dict]) -> list[dict]:
@@ -170,8 +181,8 @@ def paired_differences(results: list[dict]) -> list[dict]:
                     "difference": f"swap - {control}",
                     "seeds": len(seeds),
                     "mean": round(mean, 4),
-                    "ci95_low": round(mean - half, 4),
-                    "ci95_high": round(mean + half, 4),
+                    "ci95_low": "" if math.isnan(half) else round(mean - half, 4),  # "": one seed, no interval
+                    "ci95_high": "" if math.isnan(half) else round(mean + half, 4),
                     "per_seed": " ".join(f"{d:+.3f}" for d in diffs),
                 }
             )
@@ -496,14 +507,14 @@ def summarise(results: list[dict]) -> list[dict]:
                 "seeds": len(rs),
                 "success_start_mean": round(statistics.mean(start), 4),
                 "success_mean": round(mean, 4),
-                "success_ci95": round(half, 4),
+                "success_ci95": "" if math.isnan(half) else round(half, 4),  # "": one seed, no interval
                 "train_success_first10_mean": _mean_of(rs, "train_success_first10"),
                 "train_success_last10_mean": _mean_of(rs, "train_success_last10"),
                 "train_success_all_mean": _mean_of(rs, "train_success_all"),
                 "explorer_success_all_mean": _mean_of(rs, "explorer_success_all"),
-                "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else 0.0,
+                "success_std": round(statistics.stdev(succ), 4) if len(succ) > 1 else "",
                 "score_mean": round(statistics.mean(scores), 2) if scores else "",
-                "score_std": round(statistics.stdev(scores), 2) if len(scores) > 1 else ("" if not scores else 0.0),
+                "score_std": round(statistics.stdev(scores), 2) if len(scores) > 1 else "",
                 "env_steps_mean": round(statistics.mean(r["env_steps"] for r in rs)),
             }
         )
@@ -725,21 +736,25 @@ def print_tables(summary: list[dict], results: list[dict], goals: str) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
-        score = f"{s['score_mean']} +- {s['score_std']}" if s["score_mean"] != "" else "-"
+        score = (
+            "-"
+            if s["score_mean"] == ""
+            else f"{s['score_mean']}" + ("" if s["score_std"] == "" else f" +- {s['score_std']}")
+        )
         first, last, policy, b = (
             s[k] if s[k] != "" else "-"
             for k in ("train_success_first10_mean", "train_success_last10_mean", "train_success_all_mean",
                       "explorer_success_all_mean")
         )  # fmt: skip
         print(
-            f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f} +- "
-            f"{s['success_ci95']:.3f} | {score} | {first} -> {last} | {policy} / {b} | {s['env_steps_mean']} "
+            f"| {s['pair']} | {s['variant']} | {s['success_start_mean']:.3f} | {s['success_mean']:.3f}"
+            f"{plus_minus(s['success_ci95'])} | {score} | {first} -> {last} | {policy} / {b} | {s['env_steps_mean']} "
             f"| {s['seeds']} |"
         )
     print("\n| pair | paired by seed | mean | 95% interval | per seed |\n|---|---|---|---|---|")
     for d in paired_differences(results):
         print(
-            f"| {d['pair']} | {d['difference']} | {d['mean']:+.3f} | [{d['ci95_low']:+.3f}, {d['ci95_high']:+.3f}] "
+            f"| {d['pair']} | {d['difference']} | {d['mean']:+.3f} | {interval(d['ci95_low'], d['ci95_high'])} "
             f"| {d['per_seed']} |"
         )
     for line in type_table(results):

@@ -3,6 +3,7 @@
 import csv
 import importlib.util
 import json
+import math
 import pathlib
 
 import pytest
@@ -206,7 +207,8 @@ def test_t_interval_hand_computed():
     # values 0.1, 0.3, 0.5: mean 0.3, s = 0.2, t_{0.975,2} = 4.303 -> half-width 4.303 * 0.2 / sqrt(3) = 0.49687
     mean, half = learning.t_ci95([0.1, 0.3, 0.5])
     assert mean == pytest.approx(0.3) and half == pytest.approx(0.49687, abs=1e-5)
-    assert learning.t_ci95([0.4]) == (0.4, 0.0)
+    mean, half = learning.t_ci95([0.4])
+    assert mean == 0.4 and math.isnan(half)  # one value: no interval
     # five seeds: t_{0.975,4} = 2.776
     mean, half = learning.t_ci95([0.0, 0.1, 0.2, 0.3, 0.4])
     assert mean == pytest.approx(0.2) and half == pytest.approx(2.776 * 0.158114 / 5**0.5, abs=1e-5)
@@ -237,6 +239,32 @@ def test_paired_differences_by_seed_hand_computed(tmp_path):
     learning.write_tables(results, tmp_path, "")
     with open(tmp_path / "learning_paired.csv") as f:
         assert [r["difference"] for r in csv.DictReader(f)] == ["swap - outcome", "swap - process"]
+
+
+def test_one_seed_gives_no_interval(tmp_path, capsys):
+    """One seed has a mean and no 95% interval or std: blank in the CSVs and not printed as a zero-width interval
+    (a --quick table printed '0.156 +- 0.000' and '[-0.031, -0.031]')."""
+    results = [
+        learning.finished_run(write_run(tmp_path, f"grpo_webshop__{v}__1", [(0, 0.2, 60.0), (100, x, 70.0)]), 100)
+        for v, x in (("swap", 0.5), ("outcome", 0.4))
+    ]
+    summary = learning.write_tables(results, tmp_path, "")
+    assert [
+        (s["variant"], s["success_mean"], s["success_ci95"], s["success_std"], s["score_std"]) for s in summary
+    ] == [
+        ("outcome", 0.4, "", "", ""),
+        ("swap", 0.5, "", "", ""),
+    ]
+    (d,) = learning.paired_differences(results)
+    assert (d["mean"], d["ci95_low"], d["ci95_high"], d["per_seed"]) == (0.1, "", "", "+0.100")
+    with open(tmp_path / "learning_paired.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (row["ci95_low"], row["ci95_high"]) == ("", "")
+    learning.print_tables(summary, results, "held-out")
+    out = capsys.readouterr().out
+    assert "| grpo_webshop | swap | 0.200 | 0.500 | 70.0 |" in out
+    assert "| grpo_webshop | swap - outcome | +0.100 | - | +0.100 |" in out
+    assert "+- 0.000" not in out and "+- 0.0 " not in out
 
 
 def test_jobs_main_variants_everywhere_secondary_on_one_pair():
