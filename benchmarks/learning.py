@@ -153,9 +153,10 @@ def t_ci95(values: list[float]) -> tuple[float, float]:
     return mean, t * statistics.stdev(values) / n**0.5
 
 
-def plus_minus(half: float | str) -> str:
-    """' +- 0.049' for a table cell, or nothing where there is no interval (one seed: "")."""
-    return "" if half == "" else f" +- {half:.3f}"
+def plus_minus(half: float | str, spec: str = ".3f") -> str:
+    """' +- 0.049' for a table cell (the half-width formatted by `spec`), or nothing where there is none (one seed:
+    "")."""
+    return "" if half == "" else f" +- {half:{spec}}"
 
 
 def interval(low: float | str, high: float | str) -> str:
@@ -736,11 +737,7 @@ def print_tables(summary: list[dict], results: list[dict], goals: str) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for s in summary:
-        score = (
-            "-"
-            if s["score_mean"] == ""
-            else f"{s['score_mean']}" + ("" if s["score_std"] == "" else f" +- {s['score_std']}")
-        )
+        score = "-" if s["score_mean"] == "" else f"{s['score_mean']}{plus_minus(s['score_std'], '')}"
         first, last, policy, b = (
             s[k] if s[k] != "" else "-"
             for k in ("train_success_first10_mean", "train_success_last10_mean", "train_success_all_mean",
